@@ -1,0 +1,34 @@
+"""bertjax: BERT (Devlin et al., 2019) in JAX/Flax, pretraining and fine-tuning.
+
+Versions are pinned to a set seen installing and working together on Python 3.11.
+"""
+import setuptools
+
+setuptools.setup(
+    name="bertjax",
+    version="0.1.0",
+    description="BERT in JAX/Flax: pretraining (MLM + NSP) and fine-tuning on CPU, GPU and TPU.",
+    packages=setuptools.find_packages(include=["bertjax", "bertjax.*"]),
+    package_data={"bertjax": ["data/corpus/*.txt", "data/corpus/*.md"]},
+    python_requires=">=3.10",
+    install_requires=[
+        "jax==0.10.2",
+        "jaxlib==0.10.2",
+        "flax==0.12.8",
+        "optax==0.2.8",
+        "orbax-checkpoint==0.12.8",
+        "ml_collections==1.1.0",
+        "sentencepiece==0.2.3",
+        "tensorflow-datasets==4.9.10",
+        "grain==0.2.18",
+        "numpy>=2.0,<3",
+        "absl-py==2.5.1",
+        "tqdm==4.70.1",
+        "tensorboardX==2.6.5",
+    ],
+    extras_require={
+        "test": ["pytest==9.2.0"],
+        # Google's TF checkpoints and TFDS's tf.data path; large, so optional.
+        "tf": ["tensorflow"],
+    },
+)
