@@ -1,0 +1,24 @@
+"""The task registry: `config.task` names the job that `bertjax.main` runs.
+
+A task is a module with `run(config, workdir)`; pretraining and fine-tuning tasks build a
+`bertjax.train.Task` and hand it to `bertjax.train.train_and_evaluate`. A new task is a new
+module plus one line here.
+"""
+from typing import Callable
+
+import ml_collections
+
+from bertjax.errors import UserError
+from bertjax.tasks import pretraining
+
+REGISTRY: dict[str, Callable[[ml_collections.ConfigDict, str], None]] = {
+    "pretraining": pretraining.run,
+}
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> None:
+  """Runs the task that `config.task` names."""
+  if config.task not in REGISTRY:
+    raise UserError(f"unknown task {config.task!r}; --config.task must be one of "
+                    f"{sorted(REGISTRY)}.")
+  REGISTRY[config.task](config, workdir)

@@ -1,0 +1,208 @@
+"""Batches of pretraining examples: order, masking, per-host sharding and a resumable position.
+
+A batch is a dict of numpy arrays with fixed keys (DESIGN.md):
+
+  input_ids, segment_ids, input_mask     [batch, seq] int32
+  masked_lm_positions, masked_lm_ids     [batch, max_predictions] int32
+  masked_lm_weights                      [batch, max_predictions] float32 (0 = no prediction)
+  next_sentence_label                    [batch] int32 (1 = B is a random segment, as BERT)
+  example_weight                         [batch] float32: 1 for a real example, 0 for padding
+                                         (only eval batches pad; training batches are all 1)
+
+Training (`iterate`) runs over epochs without end. Epoch e visits the examples in a permutation
+drawn from (seed, e), in global batches of `batch_size * process_count` examples, dropping the
+remainder; process p takes rows [p * batch_size, (p + 1) * batch_size) of each global batch, so
+all hosts step together and together see every example of the global batch once. With dynamic
+masking, example i is masked in epoch e from a generator seeded by (seed, e, i): the masks
+change every epoch and do not depend on batch size or host count. With static masking an
+example keeps the masks it came with (an example set read from disk) or gets fixed ones from
+(seed, i).
+
+Each training batch comes with the position after it, {"epoch": e, "index": j} (j = the next
+global batch of epoch e). Storing it with a checkpoint and passing it back to `iterate` replays
+exactly the batches that would have followed.
+
+Evaluation (`eval_batches`) goes once through the examples in their order with fixed masks, in
+the same per-host slices; the last global batch is padded with all-zero rows whose
+`example_weight` and `masked_lm_weights` are 0.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+import numpy as np
+
+from bertjax.data import pretraining_examples as pe
+from bertjax.errors import UserError
+
+BATCH_KEYS = pe.PAIR_KEYS + pe.MASK_KEYS + ("example_weight",)
+Position = dict[str, int]
+
+# Kinds of per-example generator, so dynamic and static masks never share a seed.
+_STATIC_MASKS, _DYNAMIC_MASKS, _EPOCH_ORDER = 0, 1, 2
+
+
+class PretrainingBatches:
+  """Masked LM + NSP batches for one host, from an example set held in memory.
+
+  Args:
+    examples: example set: `input_ids`, `segment_ids`, `input_mask` [N, seq] and
+      `next_sentence_label` [N] (create_segment_pairs), optionally with masks
+      (`masked_lm_positions`, `masked_lm_ids`, `masked_lm_weights` [N, max_predictions], as
+      load_static_examples gives). Dynamic masking restores the original tokens first.
+    batch_size: examples per batch on this host (the global batch is batch_size * process_count).
+    seed: seeds the order and the masks.
+    special: special ids (pretraining_examples.SpecialTokens).
+    masked_lm_prob, max_predictions_per_seq: masking rules (ignored where masks come from disk;
+      max_predictions_per_seq must then match them).
+    dynamic_masking: fresh masks every epoch; False: fixed masks.
+    whole_word_masking: mask whole words; needs word_start_table.
+    word_start_table: [vocab_size] bool, True for ids that start a word
+      (tokenizer.is_word_start(np.arange(vocab_size))).
+    process_index, process_count: this host and the number of hosts.
+    shuffle: permute the examples every epoch in training (eval never shuffles).
+  """
+
+  def __init__(self, examples: Mapping[str, np.ndarray], *, batch_size: int, seed: int,
+               special: pe.SpecialTokens, masked_lm_prob: float = 0.15,
+               max_predictions_per_seq: int = 20, dynamic_masking: bool = True,
+               whole_word_masking: bool = False, word_start_table: np.ndarray | None = None,
+               process_index: int = 0, process_count: int = 1, shuffle: bool = True):
+    missing = [key for key in pe.PAIR_KEYS if key not in examples]
+    if missing:
+      raise ValueError(f"example set lacks {missing}")
+    if not 0 <= process_index < process_count:
+      raise ValueError(f"process_index {process_index} not in [0, {process_count})")
+    if batch_size < 1:
+      raise UserError(f"batch_size={batch_size}; use 1 or more per host.")
+    if whole_word_masking and word_start_table is None:
+      raise ValueError("whole_word_masking needs word_start_table")
+    self.num_examples = len(examples["input_ids"])
+    self.batch_size = batch_size
+    self.global_batch_size = batch_size * process_count
+    if self.num_examples == 0:
+      raise UserError("the example set is empty; give more text (or a larger dupe_factor).")
+    self.seed = seed
+    self.special = special
+    self.masked_lm_prob = masked_lm_prob
+    self.max_predictions_per_seq = max_predictions_per_seq
+    self.dynamic_masking = dynamic_masking
+    self.word_start_table = (None if not whole_word_masking else
+                             np.asarray(word_start_table, bool))
+    self.process_index = process_index
+    self.shuffle = shuffle
+
+    self._pairs = {key: np.asarray(examples[key], np.int32) for key in pe.PAIR_KEYS}
+    self._disk_masks = None  # masks that came with the examples, used when masking is static
+    if all(key in examples for key in pe.MASK_KEYS):
+      width = examples["masked_lm_positions"].shape[1]
+      if width != max_predictions_per_seq:
+        raise UserError(f"the static examples have {width} predictions per sequence but "
+                        f"max_predictions_per_seq={max_predictions_per_seq}; set it to {width} "
+                        "or regenerate the examples.")
+      if dynamic_masking:  # mask afresh from the original tokens
+        self._pairs["input_ids"] = pe.unmask(examples)
+      else:
+        self._disk_masks = {key: np.asarray(examples[key]) for key in ("input_ids",) +
+                            pe.MASK_KEYS}
+
+  @property
+  def steps_per_epoch(self) -> int:
+    """Training batches per epoch (the remainder of a global batch is dropped)."""
+    return self.num_examples // self.global_batch_size
+
+  @property
+  def num_eval_batches(self) -> int:
+    """Batches of one evaluation pass (the last one padded)."""
+    return -(-self.num_examples // self.global_batch_size)
+
+  def iterate(self, position: Position | None = None
+              ) -> Iterator[tuple[dict[str, np.ndarray], Position]]:
+    """Training batches without end, starting at `position` (None = the beginning).
+
+    Raises UserError (at the call) if there are fewer examples than one global batch.
+
+    Yields:
+      (batch, position after it): the batch dict (module docstring) with [batch_size, ...]
+      arrays, and {"epoch": e, "index": j} to resume right after it.
+    """
+    if self.num_examples < self.global_batch_size:
+      raise UserError(
+          f"only {self.num_examples} pretraining examples, fewer than one global batch of "
+          f"{self.global_batch_size} ({self.batch_size} per host x "
+          f"{self.global_batch_size // self.batch_size} hosts); use a smaller batch size, a "
+          "larger dupe_factor or more text.")
+    return self._train_batches(*_check_position(position, self.steps_per_epoch))
+
+  def _train_batches(self, epoch: int, index: int
+                     ) -> Iterator[tuple[dict[str, np.ndarray], Position]]:
+    while True:
+      order = self._epoch_order(epoch)  # [num_examples]
+      while index < self.steps_per_epoch:
+        start = index * self.global_batch_size + self.process_index * self.batch_size
+        rows = order[start:start + self.batch_size]  # [batch_size] example indices
+        batch = self._batch(rows, epoch if self.dynamic_masking else None)
+        index += 1
+        if index == self.steps_per_epoch:
+          yield batch, {"epoch": epoch + 1, "index": 0}
+        else:
+          yield batch, {"epoch": epoch, "index": index}
+      epoch, index = epoch + 1, 0
+
+  def eval_batches(self) -> Iterator[dict[str, np.ndarray]]:
+    """One pass over the examples in order with fixed masks; the last batch is padded."""
+    for index in range(self.num_eval_batches):
+      start = index * self.global_batch_size + self.process_index * self.batch_size
+      rows = np.arange(start, min(start + self.batch_size, self.num_examples))  # may be empty
+      batch = self._batch(rows, None)
+      pad = self.batch_size - len(rows)
+      if pad:
+        batch = {key: np.pad(value, [(0, pad)] + [(0, 0)] * (value.ndim - 1))
+                 for key, value in batch.items()}
+      yield batch
+
+  def _epoch_order(self, epoch: int) -> np.ndarray:
+    """[num_examples]: the example indices in the order epoch `epoch` visits them."""
+    if not self.shuffle:
+      return np.arange(self.num_examples)
+    return np.random.default_rng([self.seed, _EPOCH_ORDER, epoch]).permutation(self.num_examples)
+
+  def _batch(self, rows: np.ndarray, epoch: int | None) -> dict[str, np.ndarray]:
+    """The batch of examples `rows`, masked for `epoch` (None = the fixed masks)."""
+    batch = {key: value[rows] for key, value in self._pairs.items()}
+    if epoch is None and self._disk_masks is not None:
+      batch.update({key: value[rows] for key, value in self._disk_masks.items()})
+    else:
+      seq = batch["input_ids"].shape[1]
+      randoms = pe.stack_mask_randoms(
+          [pe.draw_mask_randoms(self._mask_rng(int(i), epoch), (seq,), self.special)
+           for i in rows], seq)
+      word_starts = (None if self.word_start_table is None else
+                     self.word_start_table[batch["input_ids"]])  # [batch, seq]
+      batch.update(pe.apply_masks(batch["input_ids"], batch["input_mask"], randoms,
+                                  self.special, self.masked_lm_prob,
+                                  self.max_predictions_per_seq, word_starts))
+    batch["example_weight"] = np.ones(len(rows), np.float32)
+    return {key: batch[key] for key in BATCH_KEYS}
+
+  def _mask_rng(self, example: int, epoch: int | None) -> np.random.Generator:
+    """The generator that masks `example` in `epoch` (None = its fixed masks)."""
+    if epoch is None:
+      return np.random.default_rng([self.seed, _STATIC_MASKS, example])
+    return np.random.default_rng([self.seed, _DYNAMIC_MASKS, epoch, example])
+
+
+def _check_position(position: Position | None, steps_per_epoch: int) -> tuple[int, int]:
+  """(epoch, index) from a stored position, checked against this example set."""
+  if position is None:
+    return 0, 0
+  try:
+    epoch, index = int(position["epoch"]), int(position["index"])
+  except (KeyError, TypeError, ValueError) as e:
+    raise UserError(f"data position {position!r} is not {{'epoch': E, 'index': I}}; the "
+                    "checkpoint's data state is damaged. Start from a fresh workdir.") from e
+  if epoch < 0 or not 0 <= index < steps_per_epoch:
+    raise UserError(f"data position {position!r} does not fit this data ({steps_per_epoch} "
+                    "batches per epoch): the examples or the batch size changed since the "
+                    "checkpoint. Resume with the same data and batch size, or a fresh workdir.")
+  return epoch, index

@@ -1,0 +1,112 @@
+"""Heads on the BERT encoder: pretraining (masked LM + next sentence) for now.
+
+Parameter tree of `BertForPreTraining` (logical axis names in parentheses; see
+`bertjax.models.bert` for the encoder under 'bert' and the meaning of the names):
+
+  bert/...                             the BertEncoder
+  masked_lm/
+    transform/kernel                   [H, H]  ('embed', None)
+    transform/bias                     [H]     (None,)
+    layer_norm/{scale,bias}            [H]     ('embed',)
+    output_bias                        [V]     ('vocab',)
+  next_sentence/
+    classifier/kernel                  [H, 2]  ('embed', None)
+    classifier/bias                    [2]     (None,)
+
+There is no decoder kernel: the MLM decoder is tied to bert/embeddings/word_embeddings/embedding
+(logits = h @ table.T + output_bias), as in the original BERT.
+"""
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from bertjax.models import bert
+from bertjax.models.bert import BertConfig
+
+
+def gather_positions(sequence: jax.Array, positions: jax.Array) -> jax.Array:
+  """Picks the hidden states at given positions of each example.
+
+  Args:
+    sequence: [batch, seq, hidden].
+    positions: [batch, num_positions] int indices into seq.
+  Returns:
+    [batch, num_positions, hidden], out[b, p] = sequence[b, positions[b, p]].
+  """
+  # [batch, num_positions] -> [batch, num_positions, 1], broadcast over hidden
+  return jnp.take_along_axis(sequence, positions[..., None].astype(jnp.int32), axis=1)
+
+
+class MaskedLM(nn.Module):
+  """Masked-LM head: Dense(H) + activation + LayerNorm, then the tied vocabulary projection.
+
+  The hidden states at `masked_lm_positions` are gathered before the transform, so only the
+  predicted positions pay for the [hidden, vocab] projection. Logits are float32.
+  """
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, sequence_output: jax.Array, word_embeddings: jax.Array,
+               masked_lm_positions: jax.Array | None = None) -> jax.Array:
+    """Scores every vocabulary entry at the chosen (or all) positions.
+
+    Args:
+      sequence_output: [batch, seq, hidden] from the encoder.
+      word_embeddings: [vocab, hidden] the encoder's word-embedding table (the tied decoder).
+      masked_lm_positions: [batch, num_predictions] positions to score; None = every position.
+    Returns:
+      float32 logits [batch, num_predictions, vocab] ([batch, seq, vocab] without positions).
+    """
+    cfg = self.config
+    h = sequence_output
+    if masked_lm_positions is not None:
+      h = gather_positions(h, masked_lm_positions)  # -> [batch, num_predictions, hidden]
+    h = bert.make_dense(cfg, cfg.hidden_size, ("embed", None), "transform")(h)
+    h = cfg.activation(h)
+    h = bert.make_layer_norm(cfg, "layer_norm")(h).astype(cfg.compute_dtype)
+    # [batch, p, hidden] x [vocab, hidden] -> [batch, p, vocab], accumulated in float32
+    logits = jnp.einsum("bph,vh->bpv", h, word_embeddings.astype(cfg.compute_dtype),
+                        preferred_element_type=jnp.float32)
+    output_bias = self.param(
+        "output_bias",
+        nn.with_logical_partitioning(nn.initializers.zeros_init(), ("vocab",)),
+        (cfg.vocab_size,), cfg.storage_dtype)
+    return logits + output_bias.astype(jnp.float32)
+
+
+class NextSentence(nn.Module):
+  """Next-sentence head: Dense(2) on the pooled output; logit 0 = "B follows A", 1 = "random"."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, pooled_output: jax.Array) -> jax.Array:
+    """[batch, hidden] -> float32 logits [batch, 2]."""
+    dense = bert.make_dense(self.config, 2, ("embed", None), "classifier", dtype=jnp.float32)
+    return dense(pooled_output)
+
+
+class BertForPreTraining(nn.Module):
+  """BertEncoder ('bert') + MaskedLM ('masked_lm', tied) + NextSentence ('next_sentence')."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, input_ids: jax.Array, segment_ids: jax.Array, input_mask: jax.Array,
+               masked_lm_positions: jax.Array | None = None, *,
+               deterministic: bool) -> tuple[jax.Array, jax.Array]:
+    """MLM and NSP logits for a pretraining batch.
+
+    Args:
+      input_ids, segment_ids, input_mask: [batch, seq] int32 (input_mask 1 = real, 0 = pad).
+      masked_lm_positions: [batch, num_predictions] int32 positions to score; None = all.
+      deterministic: no dropout when True; when False the 'dropout' rng must be given.
+    Returns:
+      (mlm_logits [batch, num_predictions or seq, vocab], nsp_logits [batch, 2]), float32.
+    """
+    encoder = bert.BertEncoder(self.config, name="bert")
+    out = encoder(input_ids, segment_ids, input_mask, deterministic=deterministic)
+    mlm_logits = MaskedLM(self.config, name="masked_lm")(
+        out.sequence_output, encoder.word_embedding_table(), masked_lm_positions)
+    nsp_logits = NextSentence(self.config, name="next_sentence")(out.pooled_output)
+    return mlm_logits, nsp_logits

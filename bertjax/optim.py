@@ -1,0 +1,132 @@
+"""The optimizer of BERT: AdamW with linear warmup + linear decay, a weight-decay mask, gradient
+clipping by global norm and optional gradient accumulation, all from optax.
+
+The recipe (Devlin et al. 2019, section A.2; google-research/bert `optimization.py`): Adam with
+b1=0.9, b2=0.999, eps=1e-6, decoupled L2 weight decay 0.01 on everything but biases and LayerNorm
+parameters, the learning rate warmed up linearly over the first steps and then decayed linearly to
+zero, gradients clipped to global norm 1.0.
+
+Two deliberate differences from the original TF code, both the common modern reading:
+- Adam's moments are bias-corrected (`optax.adamw`); the TF `AdamWeightDecayOptimizer` skipped
+  the correction.
+- After warmup the rate decays from the peak at `warmup_steps` to zero at `total_steps` (a
+  continuous line); the TF code decayed from step 0, so the rate just after warmup was
+  `peak * (1 - warmup / total)`.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import optax
+
+from bertjax.errors import UserError
+
+# A leaf whose name contains one of these gets no weight decay (google-research/bert excludes
+# parameters whose name matches "bias" or "LayerNorm"; in Flax a LayerNorm's parameters are
+# called 'scale' and 'bias', so 'scale' stands for the LayerNorm gamma).
+_NO_DECAY_LEAF_SUBSTRINGS = ("bias",)
+_NO_DECAY_LEAF_NAMES = ("scale",)
+# A leaf inside a module whose name contains one of these (lower-cased) gets no weight decay.
+_NO_DECAY_MODULE_SUBSTRINGS = ("layer_norm", "layernorm")
+
+
+def learning_rate_schedule(peak: float, warmup_steps: int, total_steps: int) -> optax.Schedule:
+  """BERT's schedule: 0 -> `peak` linearly over `warmup_steps`, then `peak` -> 0 at `total_steps`.
+
+  Args:
+    peak: the learning rate reached at step `warmup_steps`.
+    warmup_steps: steps of linear warmup (0: start at the peak).
+    total_steps: the step at which the rate reaches 0 (and stays there).
+  Returns:
+    step (int scalar, counted in optimizer updates) -> learning rate (float32 scalar).
+  """
+  if total_steps < 1:
+    raise UserError(f"num_train_steps={total_steps} must be at least 1; set "
+                    "--config.train.num_train_steps to a positive number.")
+  if not 0 <= warmup_steps <= total_steps:
+    raise UserError(f"warmup_steps={warmup_steps} must lie in [0, num_train_steps="
+                    f"{total_steps}]; set --config.train.warmup_steps (BERT used 1% of the run).")
+  if peak <= 0:
+    raise UserError(f"learning_rate={peak} must be positive; set --config.train.learning_rate.")
+  # linear_schedule with 0 transition steps is a constant; join only the pieces that exist.
+  decay = optax.linear_schedule(peak, 0.0, max(total_steps - warmup_steps, 1))
+  if warmup_steps == 0:
+    return decay
+  warmup = optax.linear_schedule(0.0, peak, warmup_steps)
+  return optax.join_schedules([warmup, decay], boundaries=[warmup_steps])
+
+
+def _dict_keys(path: tuple[Any, ...]) -> list[str]:
+  """The names in a key path: dict keys only (skips indices and boxes such as nn.Partitioned)."""
+  return [str(k.key) for k in path if isinstance(k, jax.tree_util.DictKey)]
+
+
+def decays(path: tuple[Any, ...]) -> bool:
+  """Whether the parameter at this key path gets weight decay (see `weight_decay_mask`)."""
+  names = _dict_keys(path)
+  if not names:
+    return True
+  leaf, modules = names[-1], names[:-1]
+  if leaf in _NO_DECAY_LEAF_NAMES or any(s in leaf for s in _NO_DECAY_LEAF_SUBSTRINGS):
+    return False
+  return not any(s in m.lower() for m in modules for s in _NO_DECAY_MODULE_SUBSTRINGS)
+
+
+def weight_decay_mask(params: Any) -> Any:
+  """True for the parameters that get weight decay, False for biases and LayerNorm parameters.
+
+  The rule, on the parameter's path in the Flax params dict (as google-research/bert, which
+  excludes any variable whose name contains "bias" or "LayerNorm"):
+  - no decay if the leaf's name contains "bias" ('bias' of Dense / LayerNorm, MaskedLM's
+    'output_bias');
+  - no decay if the leaf is a 'scale' (the gamma of Flax's LayerNorm, the only 'scale' here);
+  - no decay for anything inside a module whose name contains "layer_norm" or "LayerNorm";
+  - decay for everything else: Dense 'kernel's and Embed 'embedding's.
+
+  Args:
+    params: nested dict of arrays (or ShapeDtypeStructs), e.g. a linen model's "params".
+  Returns:
+    the same tree structure with a Python bool at every leaf.
+  """
+  return jax.tree_util.tree_map_with_path(lambda path, _: decays(path), params)
+
+
+def make_optimizer(*, learning_rate: float = 1e-4, num_train_steps: int, warmup_steps: int,
+                   b1: float = 0.9, b2: float = 0.999, eps: float = 1e-6,
+                   weight_decay: float = 0.01, clip_norm: float | None = 1.0,
+                   grad_accum_steps: int = 1
+                   ) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  """BERT's optimizer: clip by global norm, then AdamW with the warmup + linear-decay schedule.
+
+  Args:
+    learning_rate: the peak learning rate.
+    num_train_steps: calls of `tx.update` in the whole run (the training loop's steps).
+    warmup_steps: calls of `tx.update` over which the rate warms up.
+    b1, b2, eps: Adam's decay rates and epsilon (added outside the square root).
+    weight_decay: decoupled weight decay (times the learning rate), on `weight_decay_mask`.
+    clip_norm: clip gradients to this global norm; None or 0 turns clipping off.
+    grad_accum_steps: k > 1 wraps the optimizer in `optax.MultiSteps`: k calls of `tx.update`
+      accumulate the mean gradient and only the k-th applies an update (the others return zero
+      updates). Clipping then applies to the mean gradient, as with one large batch.
+  Returns:
+    (tx, schedule). `schedule(n)` is the learning rate of the n-th optimizer *update*
+    (0-based). Without accumulation that is the training step; with k > 1 the schedule spans
+    num_train_steps // k updates (warmup_steps // k of warmup), so the rate of training step s
+    is `schedule(s // k)`.
+  """
+  if grad_accum_steps < 1:
+    raise UserError(f"grad_accum_steps={grad_accum_steps} must be at least 1; set "
+                    "--config.train.grad_accum_steps.")
+  num_updates = num_train_steps // grad_accum_steps
+  if num_updates < 1:
+    raise UserError(
+        f"num_train_steps={num_train_steps} gives no optimizer update with grad_accum_steps="
+        f"{grad_accum_steps}; set --config.train.num_train_steps to a multiple of it.")
+  schedule = learning_rate_schedule(learning_rate, warmup_steps // grad_accum_steps, num_updates)
+  adamw = optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
+                      mask=weight_decay_mask)
+  tx = optax.chain(optax.clip_by_global_norm(clip_norm), adamw) if clip_norm else adamw
+  if grad_accum_steps > 1:
+    tx = optax.MultiSteps(tx, every_k_schedule=grad_accum_steps).gradient_transformation()
+  return tx, schedule

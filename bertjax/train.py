@@ -1,0 +1,309 @@
+"""The trainer: train state, the pure jitted train/eval steps, and the loop.
+
+The trainer knows nothing of MLM or SQuAD: a `Task` supplies the model's parameter init, the loss,
+the evaluation sums and the batches. The trainer owns the rest: the mesh, the state, one jitted
+step with donated state, logging (progress bar, metrics.jsonl, TensorBoard), checkpoints and
+preemption.
+
+Where a run starts from, in this order: the latest checkpoint in WORKDIR/checkpoints (resume:
+parameters, optimizer state, step, rng and data position); else `config.init_checkpoint`
+(parameters only; anything it lacks is freshly initialised); else from scratch.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import signal
+import threading
+import time
+from typing import Any, Callable, Iterable, Iterator, Mapping
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import tqdm
+from etils import epath
+
+from bertjax import checkpoint, optim, parallel
+from bertjax.errors import UserError
+
+Batch = Mapping[str, np.ndarray]
+Params = Any
+# The train state: a plain dict so that checkpoints are readable without this code.
+#   step [] int32, params (tree), opt_state (optax tree), rng [2] uint32 (dropout base key).
+TrainState = dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  """What a task hands the trainer.
+
+  Attributes:
+    init_params: (rng, batch) -> the model's "params" collection, with logical axis boxes.
+    loss_fn: (params, batch, dropout_rng) -> (scalar loss, {name: scalar}) for a batch, with
+      dropout on. Metrics are means over the batch.
+    eval_fn: (params, batch) -> {name: scalar sum over the batch}; dropout off.
+    summarize_eval: sums over the whole evaluation -> the reported metrics.
+    train_batches: data position (None = start) -> iterator of (per-host batch, position after it).
+    eval_batches: () -> per-host batches of the held-out set, once through (None: no evaluation).
+    init_batch: a per-host batch with the shapes of training, for initialisation.
+  """
+  init_params: Callable[[jax.Array, Batch], Params]
+  loss_fn: Callable[[Params, Batch, jax.Array], tuple[jax.Array, dict[str, jax.Array]]]
+  eval_fn: Callable[[Params, Batch], dict[str, jax.Array]]
+  summarize_eval: Callable[[dict[str, float]], dict[str, float]]
+  train_batches: Callable[[dict | None], Iterator[tuple[Batch, dict]]]
+  eval_batches: Callable[[], Iterable[Batch]] | None
+  init_batch: Batch
+
+
+def make_optimizer(train_config: ml_collections.ConfigDict):
+  """optax AdamW with BERT's schedule from the `train` section of the config."""
+  return optim.make_optimizer(
+      learning_rate=train_config.learning_rate, num_train_steps=train_config.num_train_steps,
+      warmup_steps=train_config.warmup_steps, b1=train_config.b1, b2=train_config.b2,
+      eps=train_config.eps, weight_decay=train_config.weight_decay,
+      clip_norm=train_config.clip_norm)
+
+
+def make_train_step(task: Task, tx: optax.GradientTransformation, schedule: optax.Schedule,
+                    grad_accum_steps: int = 1):
+  """Returns the pure `train_step(state, batch) -> (state, metrics)`.
+
+  The dropout key of a step is folded from the state's rng and the step number, so a resumed run
+  draws the same dropout masks as an uninterrupted one. With `grad_accum_steps` k > 1 the batch
+  [B, ...] is split into k micro-batches [B/k, ...] whose gradients are averaged before one
+  update; the split takes every k-th row so each device keeps its own rows (no communication).
+  """
+
+  def grads_and_metrics(params, batch, rng):
+    (loss, metrics), grads = jax.value_and_grad(task.loss_fn, has_aux=True)(params, batch, rng)
+    return grads, dict(metrics, loss=loss)
+
+  def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
+    rng = jax.random.fold_in(state["rng"], state["step"])
+    if grad_accum_steps == 1:
+      grads, metrics = grads_and_metrics(state["params"], batch, rng)
+    else:
+      # [B, ...] -> [B/k, k, ...] -> [k, B/k, ...]
+      micro = jax.tree.map(
+          lambda x: x.reshape(x.shape[0] // grad_accum_steps, grad_accum_steps,
+                              *x.shape[1:]).swapaxes(0, 1), batch)
+
+      def accumulate(carry, inputs):
+        index, micro_batch = inputs
+        grads, metrics = grads_and_metrics(state["params"], micro_batch,
+                                           jax.random.fold_in(rng, index))
+        return jax.tree.map(jnp.add, carry, (grads, metrics)), None
+
+      zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(
+          grads_and_metrics, state["params"], jax.tree.map(lambda x: x[0], micro), rng))
+      total, _ = jax.lax.scan(accumulate, zeros, (jnp.arange(grad_accum_steps), micro))
+      grads, metrics = jax.tree.map(lambda x: x / grad_accum_steps, total)
+
+    updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+    params = optax.apply_updates(state["params"], updates)
+    metrics.update(grad_norm=optax.global_norm(grads), param_norm=optax.global_norm(params),
+                   learning_rate=schedule(state["step"]))
+    new_state = dict(state, step=state["step"] + 1, params=params, opt_state=opt_state)
+    return new_state, metrics
+
+  return train_step
+
+
+@dataclasses.dataclass
+class Setup:
+  """The mesh, the jitted functions and the shardings of one run (see `build`)."""
+  mesh: jax.sharding.Mesh
+  abstract_state: TrainState  # ShapeDtypeStructs with .sharding
+  init_state: Callable[[], TrainState]
+  train_step: Callable[[TrainState, Any], tuple[TrainState, dict]]
+  eval_step: Callable[[Params, Any], dict]
+
+
+def build(config: ml_collections.ConfigDict, task: Task,
+          devices: list[jax.Device] | None = None) -> Setup:
+  """Builds the mesh, the state's shardings and the jitted init / train / eval functions."""
+  mesh = parallel.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor, devices)
+  parallel.check_batch_size(config.train.batch_size, mesh, "train.batch_size")
+  parallel.check_batch_size(config.train.eval_batch_size, mesh, "train.eval_batch_size")
+  if config.train.grad_accum_steps < 1 or (
+      config.train.batch_size % (config.train.grad_accum_steps * parallel.num_batch_shards(mesh))):
+    raise UserError(
+        f"train.batch_size={config.train.batch_size} must split into "
+        f"train.grad_accum_steps={config.train.grad_accum_steps} micro-batches that each divide "
+        f"over {parallel.num_batch_shards(mesh)} devices; change either.")
+  tx, schedule = make_optimizer(config.train)
+  rng = jax.random.PRNGKey(config.seed)
+  init_rng, dropout_rng = jax.random.split(rng)
+
+  boxed = jax.eval_shape(task.init_params, init_rng, task.init_batch)
+  params_sharding = parallel.param_shardings(boxed, mesh)
+  abstract_params = nn.unbox(boxed)
+  state_sharding = dict(
+      step=parallel.replicated(mesh), params=params_sharding,
+      opt_state=parallel.optimizer_state_shardings(tx, abstract_params, params_sharding, mesh),
+      rng=parallel.replicated(mesh))
+
+  def init_state() -> TrainState:
+    params = nn.unbox(task.init_params(init_rng, task.init_batch))
+    return dict(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                rng=dropout_rng)
+
+  abstract_state = jax.tree.map(
+      lambda shape, sharding: jax.ShapeDtypeStruct(shape.shape, shape.dtype, sharding=sharding),
+      jax.eval_shape(init_state), state_sharding)
+  batch_sharding = parallel.batch_sharding(mesh)
+  train_step = jax.jit(
+      make_train_step(task, tx, schedule, config.train.grad_accum_steps),
+      in_shardings=(state_sharding, batch_sharding),
+      out_shardings=(state_sharding, parallel.replicated(mesh)), donate_argnums=0)
+  eval_step = jax.jit(task.eval_fn, in_shardings=(params_sharding, batch_sharding),
+                      out_shardings=parallel.replicated(mesh))
+  return Setup(mesh=mesh, abstract_state=abstract_state,
+               init_state=jax.jit(init_state, out_shardings=state_sharding),
+               train_step=train_step, eval_step=eval_step)
+
+
+def evaluate(setup: Setup, task: Task, params: Params, max_batches: int = -1) -> dict[str, float]:
+  """Runs the eval step over the held-out batches and returns the task's summary."""
+  sums: dict[str, float] = {}
+  for i, batch in enumerate(task.eval_batches()):
+    if 0 <= max_batches <= i:
+      break
+    out = jax.device_get(setup.eval_step(params, parallel.global_batch(batch, setup.mesh)))
+    for k, v in out.items():
+      sums[k] = sums.get(k, 0.0) + float(v)
+  return task.summarize_eval(sums)
+
+
+class MetricsLog:
+  """metrics.jsonl (one JSON object per line with `step` and `split`) and TensorBoard, host 0."""
+
+  def __init__(self, workdir: epath.Path):
+    self.enabled = jax.process_index() == 0
+    if self.enabled:
+      from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+      self._jsonl = (workdir / "metrics.jsonl").open("a")
+      self._tb = SummaryWriter(str(workdir / "tensorboard"))
+
+  def write(self, step: int, split: str, metrics: Mapping[str, float]) -> None:
+    if not self.enabled:
+      return
+    self._jsonl.write(json.dumps({"step": step, "split": split, **metrics}) + "\n")
+    self._jsonl.flush()
+    for k, v in metrics.items():
+      self._tb.add_scalar(f"{split}/{k}", v, step)
+    self._tb.flush()
+
+  def close(self) -> None:
+    if self.enabled:
+      self._jsonl.close()
+      self._tb.close()
+
+
+class _Preemption:
+  """Turns SIGTERM (how Cloud TPU preempts a VM) into a flag the loop checks after each step."""
+
+  def __init__(self):
+    self.requested = threading.Event()
+    self._previous = None
+
+  def __enter__(self):
+    if threading.current_thread() is threading.main_thread():
+      self._previous = signal.signal(signal.SIGTERM, lambda *_: self.requested.set())
+    return self
+
+  def __exit__(self, *exc):
+    if self._previous is not None:
+      signal.signal(signal.SIGTERM, self._previous)
+
+
+def restore_or_init(config: ml_collections.ConfigDict, setup: Setup,
+                    checkpoints: checkpoint.Checkpoints) -> tuple[TrainState, dict | None]:
+  """The start state: latest checkpoint, else init_checkpoint's parameters, else fresh."""
+  if checkpoints.latest_step() is not None:
+    return checkpoints.restore(setup.abstract_state)
+  state = setup.init_state()
+  if config.init_checkpoint:
+    params, report = checkpoint.load_params(config.init_checkpoint, state["params"])
+    if report.missing:
+      print(f"init_checkpoint: freshly initialised {len(report.missing)} parameters it lacks: "
+            f"{', '.join(report.missing[:8])}{' ...' if len(report.missing) > 8 else ''}")
+    params = jax.device_put(params, setup.abstract_state["params"])
+    state = dict(state, params=params)
+  return state, None
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, task: Task,
+                       devices: list[jax.Device] | None = None) -> dict[str, float]:
+  """Trains to `config.train.num_train_steps`, evaluating and checkpointing on the way.
+
+  Returns the last evaluation's metrics (empty without held-out data). Checks every input that
+  can be wrong (shapes, batch sizes, an incompatible checkpoint) before writing to the workdir.
+  """
+  workdir = epath.Path(workdir)
+  setup = build(config, task, devices)
+  checkpoints = checkpoint.Checkpoints(
+      workdir / "checkpoints", save_every_steps=config.train.checkpoint_every_steps,
+      keep=config.train.keep_checkpoints)
+  state, position = restore_or_init(config, setup, checkpoints)
+  start_step = int(state["step"])
+  total = config.train.num_train_steps
+
+  if jax.process_index() == 0:
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "config.json").write_text(config.to_json_best_effort(indent=2) + "\n")
+  log = MetricsLog(workdir)
+  train_cfg = config.train
+  eval_metrics: dict[str, float] = {}
+  tokens_per_batch = int(np.prod(task.init_batch["input_ids"].shape)) * jax.process_count()
+
+  def run_eval(step: int) -> dict[str, float]:
+    if task.eval_batches is None:
+      return {}
+    metrics = evaluate(setup, task, state["params"], train_cfg.eval_steps)
+    log.write(step, "eval", metrics)
+    tqdm.tqdm.write(f"step {step} eval: " + ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
+    return metrics
+
+  batches = task.train_batches(position)
+  pending: list[dict[str, jax.Array]] = []
+  bar = tqdm.tqdm(total=total, initial=start_step, desc="train", unit="step",
+                  disable=jax.process_index() != 0, dynamic_ncols=True, mininterval=1.0)
+  interval_start = time.perf_counter()
+  step = start_step
+  with _Preemption() as preemption:
+    while step < total:
+      batch, position = next(batches)
+      state, metrics = setup.train_step(state, parallel.global_batch(batch, setup.mesh))
+      pending.append(metrics)
+      step += 1
+      bar.update(1)
+      if step % train_cfg.log_every_steps == 0 or step == total:
+        fetched = jax.device_get(pending)
+        elapsed = time.perf_counter() - interval_start
+        summary = {k: float(np.mean([m[k] for m in fetched])) for k in fetched[0]}
+        summary["examples_per_second"] = len(fetched) * train_cfg.batch_size / elapsed
+        summary["tokens_per_second"] = len(fetched) * tokens_per_batch / elapsed
+        log.write(step, "train", summary)
+        bar.set_postfix(loss=f"{summary['loss']:.3f}",
+                        mlm_acc=f"{summary.get('mlm_accuracy', float('nan')):.3f}",
+                        tok_s=f"{summary['tokens_per_second']:.0f}", refresh=False)
+        pending, interval_start = [], time.perf_counter()
+      if step % train_cfg.eval_every_steps == 0 or step == total:
+        eval_metrics = run_eval(step)
+        interval_start = time.perf_counter()
+      checkpoints.save(step, state, position, force=step == total)
+      if preemption.requested.is_set():
+        checkpoints.save(step, state, position, force=True)
+        tqdm.tqdm.write(f"SIGTERM: saved a checkpoint at step {step}; rerun the same command "
+                        "to resume.")
+        break
+  bar.close()
+  checkpoints.close()
+  log.close()
+  return eval_metrics

@@ -1,0 +1,219 @@
+"""Tests of bertjax.checkpoint on a tiny flax model + optax state (CPU, a few seconds)."""
+import hashlib
+import os
+import subprocess
+import sys
+import textwrap
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from bertjax import checkpoint, optim
+from bertjax.errors import UserError
+
+
+class _Tiny(nn.Module):
+  """Dense(hidden) -> LayerNorm -> Dense(2) named `head`."""
+  hidden: int = 4
+  head: str = "mlm"
+
+  @nn.compact
+  def __call__(self, x):  # [batch, 3] -> [batch, 2]
+    x = nn.Dense(self.hidden, name="dense")(x)
+    x = nn.LayerNorm(name="layer_norm")(x)
+    return nn.Dense(2, name=self.head)(x)
+
+
+def _state(hidden=4, head="mlm", seed=0):
+  """The trainer's state dict after one optimizer step, so every leaf holds distinct values."""
+  params = _Tiny(hidden, head).init(jax.random.PRNGKey(seed), jnp.ones((1, 3)))["params"]
+  tx, _ = optim.make_optimizer(num_train_steps=10, warmup_steps=0)
+  opt_state = tx.init(params)
+  grads = jax.tree.map(lambda p: jnp.full_like(p, 0.5), params)
+  updates, opt_state = tx.update(grads, opt_state, params)
+  return dict(step=jnp.asarray(seed + 1, jnp.int32), params=optax.apply_updates(params, updates),
+              opt_state=opt_state, rng=jax.random.PRNGKey(seed + 100))
+
+
+def _abstract(state, sharding=None):
+  sharding = sharding or jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), state)
+
+
+def _assert_trees_equal(a, b):
+  assert jax.tree.structure(a) == jax.tree.structure(b)
+  jax.tree.map(np.testing.assert_array_equal, a, b)
+
+
+def _hash_dir(path):
+  """Names and bytes of every file under `path`."""
+  digest = hashlib.sha256()
+  for root, dirs, files in sorted(os.walk(path)):
+    dirs.sort()
+    for name in sorted(files):
+      full = os.path.join(root, name)
+      digest.update(os.path.relpath(full, path).encode())
+      with open(full, "rb") as f:
+        digest.update(f.read())
+  return digest.hexdigest()
+
+
+def _save(directory, steps, state=None, **kwargs):
+  with checkpoint.Checkpoints(directory, save_every_steps=kwargs.pop("every", 1),
+                              keep=kwargs.pop("keep", None)) as checkpoints:
+    return [checkpoints.save(s, state or _state(), {"epoch": 0, "index": s}, **kwargs)
+            for s in steps]
+
+
+def test_round_trip_of_state_and_data_position(tmp_path):
+  state = _state()
+  position = {"epoch": 1, "index": 17, "files": ["a.txt", "b.txt"], "rng": None}
+  directory = tmp_path / "checkpoints"
+  with checkpoint.Checkpoints(directory, save_every_steps=1, keep=3) as checkpoints:
+    assert checkpoints.latest_step() is None
+    assert checkpoints.save(5, state, position)
+  checkpoints = checkpoint.Checkpoints(directory, save_every_steps=1, keep=3)
+  assert checkpoints.latest_step() == 5
+  restored, restored_position = checkpoints.restore(_abstract(state))
+  _assert_trees_equal(restored, state)  # also the optax namedtuples
+  assert all(isinstance(x, jax.Array) for x in jax.tree.leaves(restored))
+  assert restored_position == position
+  checkpoints.close()
+
+
+def test_restore_without_checkpoint_raises(tmp_path):
+  checkpoints = checkpoint.Checkpoints(tmp_path / "none", save_every_steps=1, keep=1)
+  with pytest.raises(UserError, match="no checkpoint"):
+    checkpoints.restore(_abstract(_state()))
+  assert not (tmp_path / "none").exists()  # opening does not create the directory
+
+
+def test_keeps_the_last_k(tmp_path):
+  directory = tmp_path / "checkpoints"
+  assert _save(directory, [1, 2, 3, 4], keep=2) == [True] * 4
+  checkpoints = checkpoint.Checkpoints(directory, save_every_steps=1, keep=2)
+  assert checkpoints.all_steps() == [3, 4]
+  assert sorted(p.name for p in directory.iterdir()) == ["3", "4"]
+
+
+def test_save_every_steps_and_force(tmp_path):
+  directory = tmp_path / "checkpoints"
+  assert _save(directory, range(1, 8), every=3) == [False, False, True, False, False, True, False]
+  with checkpoint.Checkpoints(directory, save_every_steps=3, keep=None) as checkpoints:
+    assert checkpoints.all_steps() == [3, 6]
+    assert checkpoints.save(7, _state(), None, force=True)  # end of run / preemption
+    checkpoints.wait()
+    before = _hash_dir(directory / "7")
+    # The same step again (e.g. preemption at the last step) is not written twice.
+    assert not checkpoints.save(7, _state(seed=3), None, force=True)
+  assert _hash_dir(directory / "7") == before
+  assert checkpoint.Checkpoints(directory, save_every_steps=3, keep=None).all_steps() == [3, 6, 7]
+
+
+@pytest.mark.parametrize("other, expected_in_message", [
+    (dict(hidden=6), "params/dense/kernel: (3, 4) in the checkpoint, (3, 6) in the model"),
+    (dict(head="classifier"), "params/classifier/kernel: (4, 2) in the model, absent from"),
+])
+def test_mismatched_model_raises_and_changes_nothing(tmp_path, other, expected_in_message):
+  directory = tmp_path / "checkpoints"
+  _save(directory, [2])
+  before = _hash_dir(tmp_path)
+  checkpoints = checkpoint.Checkpoints(directory, save_every_steps=1, keep=1)
+  with pytest.raises(UserError) as error:
+    checkpoints.restore(_abstract(_state(**other)))
+  message = str(error.value)
+  assert expected_in_message in message
+  assert "different model" in message and "--workdir" in message
+  checkpoints.close()
+  assert _hash_dir(tmp_path) == before
+
+
+def test_restore_into_a_named_sharding(tmp_path):
+  state = _state()
+  directory = tmp_path / "checkpoints"
+  _save(directory, [1], state=state)
+  mesh = jax.make_mesh((1,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+  sharding = NamedSharding(mesh, P())
+  checkpoints = checkpoint.Checkpoints(directory, save_every_steps=1, keep=1)
+  restored, _ = checkpoints.restore(_abstract(state, sharding))
+  assert all(x.sharding == sharding for x in jax.tree.leaves(restored))
+  _assert_trees_equal(restored, state)
+
+
+@pytest.mark.parametrize("where", ["workdir", "checkpoints", "step"])
+def test_load_params_from_workdir_checkpoints_or_step(tmp_path, where):
+  saved = _state(seed=1)
+  _save(tmp_path / "checkpoints", [1], state=_state(seed=2))
+  _save(tmp_path / "checkpoints", [3], state=saved)
+  path = {"workdir": tmp_path, "checkpoints": tmp_path / "checkpoints",
+          "step": tmp_path / "checkpoints" / "3"}[where]
+  target = _state(seed=5)["params"]
+  params, report = checkpoint.load_params(path, target)
+  _assert_trees_equal(params, saved["params"])  # the latest step, not step 1
+  assert report.missing == [] and report.unused == []
+  assert report.step_dir.endswith("3")
+
+
+def test_load_params_reports_missing_and_unused(tmp_path):
+  saved = _state(head="mlm", seed=1)
+  _save(tmp_path / "checkpoints", [1], state=saved)
+  target = _state(head="classifier", seed=7)["params"]
+  params, report = checkpoint.load_params(tmp_path, target)
+  assert report.missing == ["classifier/bias", "classifier/kernel"]
+  assert report.unused == ["mlm/bias", "mlm/kernel"]
+  assert report.loaded == ["dense/bias", "dense/kernel", "layer_norm/bias", "layer_norm/scale"]
+  assert jax.tree.structure(params) == jax.tree.structure(target)
+  for name in ("dense", "layer_norm"):
+    _assert_trees_equal(params[name], saved["params"][name])
+  _assert_trees_equal(params["classifier"], target["classifier"])  # kept fresh
+
+
+def test_load_params_shape_mismatch_and_bad_paths(tmp_path):
+  _save(tmp_path / "checkpoints", [1])
+  with pytest.raises(UserError, match=r"dense/kernel: \(3, 4\) in the checkpoint, \(3, 6\)"):
+    checkpoint.load_params(tmp_path, _state(hidden=6)["params"])
+  with pytest.raises(UserError, match="does not exist"):
+    checkpoint.load_params(tmp_path / "nowhere", _state()["params"])
+  (tmp_path / "empty").mkdir()
+  with pytest.raises(UserError, match="no checkpoint found"):
+    checkpoint.load_params(tmp_path / "empty", _state()["params"])
+
+
+_TWO_DEVICES = textwrap.dedent("""
+    import sys
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    from bertjax import checkpoint
+    assert jax.device_count() == 2, jax.devices()
+    mesh = jax.make_mesh((2,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+    rows, cols = NamedSharding(mesh, P("data", None)), NamedSharding(mesh, P(None, "data"))
+    value = np.arange(8, dtype=np.float32).reshape(4, 2)
+    state = {"params": {"w": jax.device_put(value, rows)}, "step": jnp.int32(1)}
+    with checkpoint.Checkpoints(sys.argv[1], save_every_steps=1, keep=1) as checkpoints:
+      checkpoints.save(1, state, {"index": 1})
+    abstract = {"params": {"w": jax.ShapeDtypeStruct((4, 2), jnp.float32, sharding=cols)},
+                "step": jax.ShapeDtypeStruct((), jnp.int32, sharding=NamedSharding(mesh, P()))}
+    restored, position = checkpoint.Checkpoints(sys.argv[1], save_every_steps=1,
+                                                keep=1).restore(abstract)
+    assert restored["params"]["w"].sharding == cols, restored["params"]["w"].sharding
+    np.testing.assert_array_equal(restored["params"]["w"], value)
+    assert position == {"index": 1}
+    params, report = checkpoint.load_params(sys.argv[1], {"w": jnp.zeros((4, 2))})
+    np.testing.assert_array_equal(params["w"], value)
+    print("OK")
+""")
+
+
+def test_save_sharded_restore_resharded_on_two_devices(tmp_path):
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
+             JAX_PLATFORMS="cpu")
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+  result = subprocess.run([sys.executable, "-c", _TWO_DEVICES, str(tmp_path / "checkpoints")],
+                          env=env, capture_output=True, text=True, timeout=120)
+  assert result.returncode == 0 and "OK" in result.stdout, result.stderr[-3000:]

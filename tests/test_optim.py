@@ -1,0 +1,174 @@
+"""Tests of bertjax.optim: schedule values, the weight-decay mask, AdamW against a hand-written
+update, clipping and gradient accumulation (tiny pytrees, CPU, about a second)."""
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from bertjax import optim
+from bertjax.errors import UserError
+
+
+@pytest.mark.parametrize("step, expected", [
+    (0, 0.0),        # warmup starts at 0
+    (5, 5e-4),       # half way through warmup
+    (10, 1e-3),      # the peak
+    (60, 5e-4),      # half way through the decay (10 -> 110)
+    (110, 0.0),      # the end
+    (150, 0.0),      # stays at 0 after the end
+])
+def test_schedule_values(step, expected):
+  schedule = optim.learning_rate_schedule(1e-3, warmup_steps=10, total_steps=110)
+  np.testing.assert_allclose(float(schedule(step)), expected, rtol=1e-6, atol=1e-12)
+
+
+def test_schedule_without_warmup_starts_at_peak():
+  schedule = optim.learning_rate_schedule(2.0, warmup_steps=0, total_steps=4)
+  np.testing.assert_allclose([float(schedule(s)) for s in range(5)], [2.0, 1.5, 1.0, 0.5, 0.0])
+
+
+@pytest.mark.parametrize("peak, warmup, total", [(1e-3, 20, 10), (1e-3, -1, 10), (1e-3, 0, 0),
+                                                 (0.0, 1, 10)])
+def test_schedule_rejects_bad_settings(peak, warmup, total):
+  with pytest.raises(UserError, match="--config.train"):
+    optim.learning_rate_schedule(peak, warmup, total)
+
+
+class _Block(nn.Module):
+
+  @nn.compact
+  def __call__(self, x):
+    x = nn.Dense(4, name="attention")(x)
+    return nn.LayerNorm(name="attention_layer_norm")(x)
+
+
+class _TinyModel(nn.Module):
+  """Embed + a block with Dense/LayerNorm + a head with a Dense and a bare 'output_bias'."""
+
+  @nn.compact
+  def __call__(self, ids):
+    x = nn.Embed(10, 4, name="word_embeddings")(ids)
+    x = _Block(name="layer_0")(x)
+    x = nn.LayerNorm(name="LayerNorm")(x)
+    x = nn.Dense(4, name="transform")(x)
+    return x + self.param("output_bias", nn.initializers.zeros_init(), (4,))
+
+
+def test_weight_decay_mask_on_flax_params():
+  params = _TinyModel().init(jax.random.PRNGKey(0), jnp.zeros((1, 3), jnp.int32))["params"]
+  expected = {
+      "word_embeddings": {"embedding": True},
+      "layer_0": {
+          "attention": {"kernel": True, "bias": False},
+          "attention_layer_norm": {"scale": False, "bias": False},
+      },
+      "LayerNorm": {"scale": False, "bias": False},
+      "transform": {"kernel": True, "bias": False},
+      "output_bias": False,
+  }
+  assert optim.weight_decay_mask(params) == expected
+
+
+def _tiny_params():
+  return {"dense": {"kernel": jnp.array([[0.5, -1.0, 2.0], [1.5, 0.25, -0.75]]),
+                    "bias": jnp.array([0.1, -0.2, 0.3])},
+          "layer_norm": {"scale": jnp.array([1.0, 2.0, 0.5]), "bias": jnp.array([0.0, 0.5, -0.5])}}
+
+
+def _grads(seed, scale=1.0):
+  keys = iter(jax.random.split(jax.random.PRNGKey(seed), 4))
+  return jax.tree.map(lambda p: scale * jax.random.normal(next(keys), p.shape), _tiny_params())
+
+
+def _run(tx, grads_list, params=None):
+  params = _tiny_params() if params is None else params
+  state = tx.init(params)
+  for grads in grads_list:
+    updates, state = tx.update(grads, state, params)
+    params = optax.apply_updates(params, updates)
+  return params
+
+
+def test_adamw_matches_hand_written_update():
+  lr, wd, b1, b2, eps = 1e-2, 0.1, 0.9, 0.999, 1e-6
+  tx, schedule = optim.make_optimizer(learning_rate=lr, num_train_steps=10, warmup_steps=2,
+                                      weight_decay=wd, clip_norm=None)
+  grads_list = [_grads(i) for i in range(4)]
+  got = _run(tx, grads_list)
+
+  # Hand-written AdamW in numpy: bias-corrected moments, eps outside the sqrt, decoupled decay
+  # (times the learning rate) only on the kernel.
+  params = jax.tree.map(np.asarray, _tiny_params())
+  decay = {"dense": {"kernel": True, "bias": False},
+           "layer_norm": {"scale": False, "bias": False}}
+  m = jax.tree.map(np.zeros_like, params)
+  v = jax.tree.map(np.zeros_like, params)
+  for t, grads in enumerate(grads_list, start=1):
+    rate = [0.0, 0.5 * lr, lr, lr * 7 / 8][t - 1]  # schedule at update t-1: warmup 2, end 10
+    np.testing.assert_allclose(float(schedule(t - 1)), rate, rtol=1e-6)
+    new = {}
+    for module in params:
+      new[module] = {}
+      for name, p in params[module].items():
+        g = np.asarray(grads[module][name], np.float64)
+        m[module][name] = b1 * m[module][name] + (1 - b1) * g
+        v[module][name] = b2 * v[module][name] + (1 - b2) * g * g
+        m_hat = m[module][name] / (1 - b1**t)
+        v_hat = v[module][name] / (1 - b2**t)
+        step = m_hat / (np.sqrt(v_hat) + eps) + (wd * p if decay[module][name] else 0.0)
+        new[module][name] = p - rate * step
+    params = new
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), got, params)
+  # The decay made a difference: without it the kernel ends elsewhere.
+  tx_no_decay, _ = optim.make_optimizer(learning_rate=lr, num_train_steps=10, warmup_steps=2,
+                                        weight_decay=0.0, clip_norm=None)
+  assert not np.allclose(_run(tx_no_decay, grads_list)["dense"]["kernel"], got["dense"]["kernel"])
+
+
+def test_clipping_by_global_norm():
+  # A large gradient (norm 10) then a small one (norm 0.5). Adam is nearly scale-invariant on a
+  # single step, so clipping shows in how the two steps combine in the moments.
+  big, small = _grads(0), _grads(1)
+  big = jax.tree.map(lambda g: g * 10.0 / optax.global_norm(big), big)
+  small = jax.tree.map(lambda g: g * 0.5 / optax.global_norm(small), small)
+  kwargs = dict(learning_rate=1e-2, num_train_steps=10, warmup_steps=0)
+  clipped, _ = optim.make_optimizer(clip_norm=1.0, **kwargs)
+  unclipped, _ = optim.make_optimizer(clip_norm=None, **kwargs)
+  got = _run(clipped, [big, small])
+  by_hand = _run(unclipped, [jax.tree.map(lambda g: g / 10.0, big), small])
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), got, by_hand)
+  not_clipped = _run(unclipped, [big, small])
+  assert not np.allclose(not_clipped["dense"]["kernel"], got["dense"]["kernel"], atol=1e-4)
+
+
+def test_accumulation_equals_one_step_on_the_mean_gradient():
+  k = 3
+  accum, accum_schedule = optim.make_optimizer(
+      learning_rate=1e-2, num_train_steps=4 * k, warmup_steps=2 * k, grad_accum_steps=k)
+  plain, plain_schedule = optim.make_optimizer(
+      learning_rate=1e-2, num_train_steps=4, warmup_steps=2)
+  # The schedule counts optimizer updates, not micro-steps.
+  for update in range(5):
+    assert float(accum_schedule(update)) == float(plain_schedule(update))
+
+  micro = [[_grads(10 * r + i, scale=3.0) for i in range(k)] for r in range(3)]
+  params, state = _tiny_params(), accum.init(_tiny_params())
+  for r, grads_list in enumerate(micro):
+    for i, grads in enumerate(grads_list):
+      updates, state = accum.update(grads, state, params)
+      if i < k - 1:  # micro-steps before the k-th apply nothing
+        assert all(float(jnp.abs(u).max()) == 0.0 for u in jax.tree.leaves(updates))
+      params = optax.apply_updates(params, updates)
+  means = [jax.tree.map(lambda *g: sum(g) / k, *grads_list) for grads_list in micro]
+  expected = _run(plain, means)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7),
+               params, expected)
+  # Updates 1 and 2 have a non-zero rate (update 0 is at the start of warmup), so params moved.
+  assert not np.allclose(params["dense"]["kernel"], _tiny_params()["dense"]["kernel"])
+
+
+def test_make_optimizer_rejects_too_few_steps_for_accumulation():
+  with pytest.raises(UserError, match="grad_accum_steps"):
+    optim.make_optimizer(num_train_steps=2, warmup_steps=0, grad_accum_steps=4)
