@@ -8,7 +8,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from bertjax import tasks
+from bertjax import parallel, tasks
 from bertjax.errors import UserError
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -41,6 +41,7 @@ def main(argv: list[str]) -> None:
     _fail(f"unexpected arguments {argv[1:]}; flags are written --name=value.")
   config = _CONFIG.value
   try:
+    parallel.maybe_initialize_distributed()
     tasks.run(config, _WORKDIR.value)
   except UserError as e:
     _fail(str(e))

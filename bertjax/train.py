@@ -124,9 +124,9 @@ class Setup:
   eval_step: Callable[[Params, Any], dict]
 
 
-def build(config: ml_collections.ConfigDict, task: Task,
-          devices: list[jax.Device] | None = None) -> Setup:
-  """Builds the mesh, the state's shardings and the jitted init / train / eval functions."""
+def make_checked_mesh(config: ml_collections.ConfigDict,
+                      devices: list[jax.Device] | None = None) -> jax.sharding.Mesh:
+  """The config's mesh, after checking that its batch sizes split over it (UserError if not)."""
   mesh = parallel.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor, devices)
   parallel.check_batch_size(config.train.batch_size, mesh, "train.batch_size")
   parallel.check_batch_size(config.train.eval_batch_size, mesh, "train.eval_batch_size")
@@ -136,6 +136,13 @@ def build(config: ml_collections.ConfigDict, task: Task,
         f"train.batch_size={config.train.batch_size} must split into "
         f"train.grad_accum_steps={config.train.grad_accum_steps} micro-batches that each divide "
         f"over {parallel.num_batch_shards(mesh)} devices; change either.")
+  return mesh
+
+
+def build(config: ml_collections.ConfigDict, task: Task,
+          devices: list[jax.Device] | None = None) -> Setup:
+  """Builds the mesh, the state's shardings and the jitted init / train / eval functions."""
+  mesh = make_checked_mesh(config, devices)
   tx, schedule = make_optimizer(config.train)
   rng = jax.random.PRNGKey(config.seed)
   init_rng, dropout_rng = jax.random.split(rng)
@@ -253,6 +260,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, task: Ta
   state, position = restore_or_init(config, setup, checkpoints)
   start_step = int(state["step"])
   total = config.train.num_train_steps
+  # Where this process stops: the end of the run, or earlier for a time-boxed job.
+  stop = total if config.train.stop_after_steps < 0 else min(total, config.train.stop_after_steps)
+  if position is not None or start_step:
+    print(f"resuming from step {start_step} of {workdir / 'checkpoints'}")
 
   if jax.process_index() == 0:
     workdir.mkdir(parents=True, exist_ok=True)
@@ -260,7 +271,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, task: Ta
   log = MetricsLog(workdir)
   train_cfg = config.train
   eval_metrics: dict[str, float] = {}
-  tokens_per_batch = int(np.prod(task.init_batch["input_ids"].shape)) * jax.process_count()
 
   def run_eval(step: int) -> dict[str, float]:
     if task.eval_batches is None:
@@ -272,15 +282,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, task: Ta
 
   batches = task.train_batches(position)
   pending: list[dict[str, jax.Array]] = []
+  pending_tokens = 0  # tokens (padding included) of the global batches since the last log
   bar = tqdm.tqdm(total=total, initial=start_step, desc="train", unit="step",
                   disable=jax.process_index() != 0, dynamic_ncols=True, mininterval=1.0)
   interval_start = time.perf_counter()
   step = start_step
   with _Preemption() as preemption:
-    while step < total:
+    while step < stop:
       batch, position = next(batches)
       state, metrics = setup.train_step(state, parallel.global_batch(batch, setup.mesh))
       pending.append(metrics)
+      pending_tokens += batch["input_ids"].size * jax.process_count()
       step += 1
       bar.update(1)
       if step % train_cfg.log_every_steps == 0 or step == total:
@@ -288,16 +300,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, task: Ta
         elapsed = time.perf_counter() - interval_start
         summary = {k: float(np.mean([m[k] for m in fetched])) for k in fetched[0]}
         summary["examples_per_second"] = len(fetched) * train_cfg.batch_size / elapsed
-        summary["tokens_per_second"] = len(fetched) * tokens_per_batch / elapsed
+        summary["tokens_per_second"] = pending_tokens / elapsed
         log.write(step, "train", summary)
         bar.set_postfix(loss=f"{summary['loss']:.3f}",
                         mlm_acc=f"{summary.get('mlm_accuracy', float('nan')):.3f}",
                         tok_s=f"{summary['tokens_per_second']:.0f}", refresh=False)
-        pending, interval_start = [], time.perf_counter()
+        pending, pending_tokens, interval_start = [], 0, time.perf_counter()
       if step % train_cfg.eval_every_steps == 0 or step == total:
         eval_metrics = run_eval(step)
         interval_start = time.perf_counter()
-      checkpoints.save(step, state, position, force=step == total)
+      checkpoints.save(step, state, position, force=step == stop)
       if preemption.requested.is_set():
         checkpoints.save(step, state, position, force=True)
         tqdm.tqdm.write(f"SIGTERM: saved a checkpoint at step {step}; rerun the same command "

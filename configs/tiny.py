@@ -37,6 +37,8 @@ def get_config(arg=None):
   config.data.vocab_size = 8000  # size of the sentencepiece vocabulary trained when none is given
   config.data.max_seq_length = 128  # tokens per example, [CLS] A [SEP] B [SEP] + padding
   config.data.max_predictions_per_seq = 20  # masked positions per example at most
+  config.data.long_seq_length = 0  # a second phase at this length (paper: 512); 0 = none
+  config.data.long_max_predictions_per_seq = 80  # masked positions per long example at most
   config.data.masked_lm_prob = 0.15  # fraction of tokens masked (80% [MASK] 10% random 10% kept)
   config.data.short_seq_prob = 0.1  # chance an example targets a shorter length
   config.data.dupe_factor = 5  # times the corpus is turned into NSP pairs (different pairings)
@@ -48,6 +50,8 @@ def get_config(arg=None):
   config.train.batch_size = 64  # global batch (all devices, all hosts)
   config.train.eval_batch_size = 128  # global batch for evaluation
   config.train.num_train_steps = 3000  # optimizer updates
+  config.train.long_seq_from_step = 0  # first step at data.long_seq_length (if set)
+  config.train.stop_after_steps = -1  # stop (and checkpoint) here; rerun to go on (-1 = at the end)
   config.train.warmup_steps = 300  # linear warmup, then linear decay to 0
   config.train.learning_rate = 2e-3  # peak; a tiny model takes a far larger rate than base
   config.train.weight_decay = 0.01  # AdamW decay, off LayerNorm and biases

@@ -1,0 +1,350 @@
+"""Pretraining: masked LM + next-sentence prediction on the user's text (the paper, section 3.1).
+
+Text (the bundled corpus, the user's files, a TFDS dataset, or example shards written by
+`bertjax.data.create_pretraining_data`) -> a sentencepiece tokenizer (WORKDIR/vocab.model, trained
+once and reused) -> documents split into training and held-out documents -> NSP segment pairs ->
+masked batches (`bertjax.data.pipeline`) -> `BertForPreTraining` -> the trainer.
+
+Sequence-length phases: as in the paper, a run can train the first steps at
+`data.max_seq_length` (128) and the rest at `data.long_seq_length` (512), from step
+`train.long_seq_from_step`. The long examples are built when the run reaches that step, and the
+data position stored with each checkpoint records the phase, so a resumed run continues in it.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Iterator
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from etils import epath
+
+from bertjax import tokenization, train
+from bertjax.data import pretraining_examples as pe
+from bertjax.data import sources
+from bertjax.data.pipeline import PretrainingBatches
+from bertjax.errors import UserError
+from bertjax.models import bert, heads
+
+VOCAB_FILE = "vocab.model"
+
+
+def check_config(config: ml_collections.ConfigDict) -> None:
+  """Raises UserError naming the first field of the pretraining config that cannot work."""
+  data, tr = config.data, config.train
+  chosen = [name for name in ("input_files", "tfds_name", "static_examples") if data[name]]
+  if len(chosen) > 1:
+    raise UserError(f"data.{' and data.'.join(chosen)} are all set; give one source of text.")
+  if data.static_examples and not data.vocab_model:
+    raise UserError("data.static_examples needs data.vocab_model, the sentencepiece model the "
+                    "examples were made with.")
+  if not 0 < data.masked_lm_prob < 1:
+    raise UserError(f"data.masked_lm_prob={data.masked_lm_prob}; use a value in (0, 1), e.g. "
+                    "0.15.")
+  if not 0 <= data.eval_fraction < 1:
+    raise UserError(f"data.eval_fraction={data.eval_fraction}; use a value in [0, 1), e.g. 0.05.")
+  for name in ("max_seq_length", "max_predictions_per_seq", "dupe_factor", "vocab_size"):
+    if data[name] < 1:
+      raise UserError(f"data.{name}={data[name]}; use 1 or more.")
+  longest = max(data.max_seq_length, data.long_seq_length)
+  if longest > config.model.max_position_embeddings:
+    raise UserError(f"sequences of {longest} tokens need model.max_position_embeddings >= "
+                    f"{longest} (it is {config.model.max_position_embeddings}).")
+  if data.long_seq_length and tr.long_seq_from_step < 1:
+    raise UserError(f"data.long_seq_length={data.long_seq_length} needs "
+                    f"train.long_seq_from_step >= 1 (the paper: 90% of the steps); it is "
+                    f"{tr.long_seq_from_step}. Set data.long_seq_length=0 for one phase.")
+  for name in ("num_train_steps", "batch_size", "eval_batch_size", "log_every_steps",
+               "eval_every_steps", "checkpoint_every_steps", "keep_checkpoints"):
+    if tr[name] < 1:
+      raise UserError(f"train.{name}={tr[name]}; use 1 or more.")
+  if not 0 <= tr.warmup_steps <= tr.num_train_steps:
+    raise UserError(f"train.warmup_steps={tr.warmup_steps}; use 0 to train.num_train_steps "
+                    f"({tr.num_train_steps}).")
+  if tr.learning_rate <= 0:
+    raise UserError(f"train.learning_rate={tr.learning_rate}; use a positive rate.")
+
+
+def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> bert.BertConfig:
+  """The frozen BertConfig of `config.model` for a vocabulary of `vocab_size`."""
+  m = config.model
+  try:
+    return bert.bert_config(
+        m.size, vocab_size=vocab_size, hidden_act=m.hidden_act, dtype=m.dtype,
+        dropout_rate=m.dropout_rate, attention_dropout_rate=m.attention_dropout_rate,
+        max_position_embeddings=m.max_position_embeddings)
+  except (KeyError, ValueError) as e:
+    raise UserError(f"bad model config: {e}".rstrip(".") + ". Check the config.model fields.") \
+        from e
+
+
+# ----------------------------------------------------------------------------------------------
+# Text and tokenizer.
+
+
+def read_documents(config: ml_collections.ConfigDict) -> list[list[str]]:
+  """Documents (lists of sentences) from the source the config names (default: bundled)."""
+  data = config.data
+  if data.tfds_name:
+    return sources.read_tfds(data.tfds_name, data.tfds_split, data.tfds_feature,
+                             data.tfds_data_dir or None)
+  return sources.read_text_files(data.input_files or sources.BUNDLED_CORPUS)
+
+
+def load_tokenizer(config: ml_collections.ConfigDict, workdir: str,
+                   documents: list[list[str]] | None) -> tokenization.SentencePieceTokenizer:
+  """`data.vocab_model` if given; else WORKDIR/vocab.model, trained on `documents` if absent."""
+  if config.data.vocab_model:
+    if not epath.Path(config.data.vocab_model).exists():
+      raise UserError(f"data.vocab_model={config.data.vocab_model} does not exist; give a "
+                      "sentencepiece .model file or '' to train one on the text.")
+    return tokenization.SentencePieceTokenizer(_local_copy(config.data.vocab_model))
+  path = epath.Path(workdir) / VOCAB_FILE
+  if path.exists():
+    return tokenization.SentencePieceTokenizer(_local_copy(os.fspath(path)))
+  if jax.process_count() > 1:
+    raise UserError("a multi-host run cannot train its vocabulary on every host; train one "
+                    "first (a single-host run, or bertjax.tokenization) and pass "
+                    "--config.data.vocab_model=PATH.")
+  if documents is None:
+    raise UserError(f"no vocabulary: set data.vocab_model or put one at {path}.")
+  sentences = lambda: (s for doc in documents for s in doc)  # noqa: E731
+  if "://" not in os.fspath(path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return tokenization.load_or_train_sentencepiece(sentences, os.fspath(path),
+                                                    config.data.vocab_size)
+  local = os.path.join(_local_cache_dir(), VOCAB_FILE)
+  tok = tokenization.load_or_train_sentencepiece(sentences, local, config.data.vocab_size)
+  epath.Path(local).copy(path)
+  return tok
+
+
+def _local_cache_dir() -> str:
+  path = os.path.join(os.path.expanduser("~"), ".cache", "bertjax", str(os.getpid()))
+  os.makedirs(path, exist_ok=True)
+  return path
+
+
+def _local_copy(path: str) -> str:
+  """sentencepiece reads local files only: copies a remote (gs://...) file to a local cache."""
+  if "://" not in path:
+    return path
+  local = os.path.join(_local_cache_dir(), os.path.basename(path))
+  epath.Path(path).copy(local, overwrite=True)
+  return local
+
+
+def split_documents(documents: list[Any], eval_fraction: float,
+                    seed: int) -> tuple[list[Any], list[Any]]:
+  """(training, held-out) documents: a seeded random `eval_fraction` of them is held out."""
+  if eval_fraction == 0 or len(documents) < 3:
+    return documents, []
+  order = np.random.default_rng([seed, 1]).permutation(len(documents))
+  num_eval = max(2, round(eval_fraction * len(documents)))  # NSP needs two documents
+  held_out = set(order[:num_eval].tolist())
+  return ([d for i, d in enumerate(documents) if i not in held_out],
+          [d for i, d in enumerate(documents) if i in held_out])
+
+
+def most_common_token(examples: dict[str, np.ndarray], special: pe.SpecialTokens) -> int:
+  """The most frequent non-special token of an example set: the frequency baseline's guess."""
+  ids = pe.unmask(examples) if "masked_lm_positions" in examples else examples["input_ids"]
+  counts = np.bincount(ids[examples["input_mask"] > 0], minlength=special.vocab_size)
+  counts[sorted(special.ids_never_masked)] = 0
+  return int(np.argmax(counts))
+
+
+# ----------------------------------------------------------------------------------------------
+# Loss and metrics.
+
+
+def _mlm_nsp_sums(model: heads.BertForPreTraining, params: Any, batch: dict[str, jax.Array],
+                  rngs: dict | None) -> dict[str, jax.Array]:
+  """Sums over the batch of the MLM and NSP losses and hits, with their weights."""
+  mlm_logits, nsp_logits = model.apply(
+      {"params": params}, batch["input_ids"], batch["segment_ids"], batch["input_mask"],
+      batch["masked_lm_positions"], deterministic=rngs is None, rngs=rngs)
+  # mlm_logits [batch, predictions, vocab], nsp_logits [batch, 2]; both float32.
+  example_weight = batch["example_weight"]  # [batch]
+  mlm_weight = batch["masked_lm_weights"] * example_weight[:, None]  # [batch, predictions]
+  mlm_ce = optax.softmax_cross_entropy_with_integer_labels(mlm_logits, batch["masked_lm_ids"])
+  mlm_hit = jnp.argmax(mlm_logits, -1) == batch["masked_lm_ids"]
+  nsp_ce = optax.softmax_cross_entropy_with_integer_labels(nsp_logits,
+                                                           batch["next_sentence_label"])
+  nsp_hit = jnp.argmax(nsp_logits, -1) == batch["next_sentence_label"]
+  return {"mlm_loss": jnp.sum(mlm_ce * mlm_weight), "mlm_hits": jnp.sum(mlm_hit * mlm_weight),
+          "mlm_weight": jnp.sum(mlm_weight),
+          "nsp_loss": jnp.sum(nsp_ce * example_weight), "nsp_hits": jnp.sum(nsp_hit * example_weight),
+          "examples": jnp.sum(example_weight)}
+
+
+def make_loss_fn(model: heads.BertForPreTraining):
+  """(params, batch, dropout_rng) -> (loss, metrics): the paper's sum of the MLM and NSP means.
+
+  MLM: cross entropy averaged over the real masked positions (masked_lm_weights);
+  NSP: cross entropy averaged over the examples.
+  """
+
+  def loss_fn(params, batch, rng):
+    s = _mlm_nsp_sums(model, params, batch, {"dropout": rng})
+    mlm_loss = s["mlm_loss"] / (s["mlm_weight"] + 1e-5)
+    nsp_loss = s["nsp_loss"] / s["examples"]
+    metrics = {"mlm_loss": mlm_loss, "nsp_loss": nsp_loss,
+               "mlm_accuracy": s["mlm_hits"] / (s["mlm_weight"] + 1e-5),
+               "nsp_accuracy": s["nsp_hits"] / s["examples"]}
+    return mlm_loss + nsp_loss, metrics
+
+  return loss_fn
+
+
+def make_eval_fn(model: heads.BertForPreTraining, baseline_token: int):
+  """(params, batch) -> sums over the batch, incl. hits of always guessing `baseline_token`."""
+
+  def eval_fn(params, batch):
+    sums = _mlm_nsp_sums(model, params, batch, None)
+    weight = batch["masked_lm_weights"] * batch["example_weight"][:, None]
+    sums["baseline_hits"] = jnp.sum((batch["masked_lm_ids"] == baseline_token) * weight)
+    return sums
+
+  return eval_fn
+
+
+def summarize_eval(sums: dict[str, float]) -> dict[str, float]:
+  """Evaluation sums -> mean losses, accuracies and the frequency baseline's MLM accuracy."""
+  mlm_loss = sums["mlm_loss"] / max(sums["mlm_weight"], 1e-5)
+  nsp_loss = sums["nsp_loss"] / max(sums["examples"], 1e-5)
+  return {"loss": mlm_loss + nsp_loss, "mlm_loss": mlm_loss, "nsp_loss": nsp_loss,
+          "mlm_accuracy": sums["mlm_hits"] / max(sums["mlm_weight"], 1e-5),
+          "nsp_accuracy": sums["nsp_hits"] / max(sums["examples"], 1e-5),
+          "mlm_perplexity": float(np.exp(min(mlm_loss, 50.0))),
+          "frequency_baseline_mlm_accuracy": sums["baseline_hits"] / max(sums["mlm_weight"], 1e-5),
+          "examples": sums["examples"]}
+
+
+# ----------------------------------------------------------------------------------------------
+# The task.
+
+
+class _Phases:
+  """Training batches over the sequence-length phases, with a position that records the phase.
+
+  Position: {"phase": 0 or 1, "batches": batches served so far, "epoch", "index"} (the last two
+  from PretrainingBatches, for the current phase).
+  """
+
+  def __init__(self, make_batches, switch_step: int):
+    self._make_batches = make_batches  # phase -> PretrainingBatches (built on first use)
+    self._switch_step = switch_step  # 0 = one phase
+    self._built: dict[int, PretrainingBatches] = {}
+
+  def batches(self, phase: int) -> PretrainingBatches:
+    if phase not in self._built:
+      self._built[phase] = self._make_batches(phase)
+    return self._built[phase]
+
+  def iterate(self, position: dict | None) -> Iterator[tuple[dict, dict]]:
+    position = dict(position or {"phase": 0, "batches": 0})
+    phase, served = int(position.pop("phase")), int(position.pop("batches"))
+    inner = self.batches(phase).iterate(position or None)
+    while True:
+      if phase == 0 and self._switch_step and served == self._switch_step:
+        phase, inner = 1, self.batches(1).iterate(None)
+      batch, inner_position = next(inner)
+      served += 1
+      yield batch, {"phase": phase, "batches": served, **inner_position}
+
+
+def make_task(config: ml_collections.ConfigDict, workdir: str) -> train.Task:
+  """Reads the text, tokenizes it and builds the pretraining Task (no workdir file but the
+  vocabulary, WORKDIR/vocab.model, is written)."""
+  check_config(config)
+  data, tr = config.data, config.train
+  process_count = jax.process_count()
+  if tr.batch_size % process_count or tr.eval_batch_size % process_count:
+    raise UserError(f"train.batch_size={tr.batch_size} and train.eval_batch_size="
+                    f"{tr.eval_batch_size} must divide over {process_count} hosts.")
+
+  documents = None if data.static_examples else read_documents(config)
+  tok = load_tokenizer(config, workdir, documents)
+  special = pe.SpecialTokens.from_tokenizer(tok)
+  rng = np.random.default_rng(config.seed)
+  if data.static_examples:
+    examples = pe.load_static_examples(data.static_examples)
+    if examples["input_ids"].shape[1] != data.max_seq_length:
+      raise UserError(f"the static examples have {examples['input_ids'].shape[1]} tokens per "
+                      f"sequence but data.max_seq_length={data.max_seq_length}; set it to match.")
+    if int(examples["input_ids"].max()) >= tok.vocab_size:
+      raise UserError(f"the static examples hold token ids >= {tok.vocab_size}, the size of "
+                      f"data.vocab_model; give the vocabulary they were made with.")
+    num_eval = int(len(examples["input_ids"]) * data.eval_fraction)
+    eval_examples = {k: v[len(v) - num_eval:] for k, v in examples.items()} if num_eval else None
+    examples = {k: v[:len(v) - num_eval] for k, v in examples.items()}
+    train_documents = None
+  else:
+    tokenized = [tok.encode_batch(doc) for doc in documents]
+    train_documents, eval_documents = split_documents(tokenized, data.eval_fraction, config.seed)
+    examples = pe.create_segment_pairs(train_documents, data.max_seq_length,
+                                       data.short_seq_prob, rng, special, data.dupe_factor)
+    eval_examples = (pe.create_segment_pairs(eval_documents, data.max_seq_length,
+                                             data.short_seq_prob, rng, special, 1)
+                     if eval_documents else None)
+  baseline_token = most_common_token(examples, special)
+  word_start_table = (np.asarray(tok.is_word_start(np.arange(tok.vocab_size)), bool)
+                      if data.whole_word_masking else None)
+
+  def pipeline(example_set, *, batch_size, max_predictions, dynamic, shuffle):
+    return PretrainingBatches(
+        example_set, batch_size=batch_size // process_count, seed=config.seed, special=special,
+        masked_lm_prob=data.masked_lm_prob, max_predictions_per_seq=max_predictions,
+        dynamic_masking=dynamic, whole_word_masking=data.whole_word_masking,
+        word_start_table=word_start_table, process_index=jax.process_index(),
+        process_count=process_count, shuffle=shuffle)
+
+  def phase_batches(phase: int) -> PretrainingBatches:
+    if phase == 0:
+      return pipeline(examples, batch_size=tr.batch_size,
+                      max_predictions=data.max_predictions_per_seq,
+                      dynamic=data.dynamic_masking, shuffle=True)
+    if train_documents is None:
+      raise UserError("data.long_seq_length needs text, not data.static_examples; write long "
+                      "examples with create_pretraining_data and train them in a second run.")
+    long_examples = pe.create_segment_pairs(
+        train_documents, data.long_seq_length, data.short_seq_prob,
+        np.random.default_rng([config.seed, 2]), special, data.dupe_factor)
+    return pipeline(long_examples, batch_size=tr.batch_size,
+                    max_predictions=data.long_max_predictions_per_seq,
+                    dynamic=data.dynamic_masking, shuffle=True)
+
+  phases = _Phases(phase_batches, tr.long_seq_from_step if data.long_seq_length else 0)
+  eval_pipeline = None
+  if eval_examples is not None and len(eval_examples["input_ids"]):
+    eval_pipeline = pipeline(eval_examples, batch_size=tr.eval_batch_size,
+                             max_predictions=data.max_predictions_per_seq, dynamic=False,
+                             shuffle=False)
+  init_batch, _ = next(phases.batches(0).iterate(None))
+  model = heads.BertForPreTraining(model_config(config, tok.vocab_size))
+
+  def init_params(rng, batch):
+    return model.init({"params": rng}, batch["input_ids"], batch["segment_ids"],
+                      batch["input_mask"], batch["masked_lm_positions"],
+                      deterministic=True)["params"]
+
+  print(f"pretraining: {len(examples['input_ids'])} training examples "
+        f"({phases.batches(0).steps_per_epoch} steps per epoch), "
+        f"{0 if eval_pipeline is None else eval_pipeline.num_examples} held-out examples, "
+        f"vocabulary {tok.vocab_size}, frequency baseline token {tok.id_to_token(baseline_token)!r}")
+  return train.Task(
+      init_params=init_params, loss_fn=make_loss_fn(model),
+      eval_fn=make_eval_fn(model, baseline_token), summarize_eval=summarize_eval,
+      train_batches=phases.iterate,
+      eval_batches=None if eval_pipeline is None else eval_pipeline.eval_batches,
+      init_batch=init_batch)
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+  """Pretrains as the config says; returns the last held-out evaluation."""
+  train.make_checked_mesh(config)  # fail on batch sizes before writing the vocabulary
+  return train.train_and_evaluate(config, workdir, make_task(config, workdir))

@@ -1,0 +1,294 @@
+"""End-to-end tests of pretraining through the command line: a run on the tiny config, resume
+after a fresh process, SIGTERM, and every kind of bad input (CPU, a small slice of the bundled
+corpus, a 32-token sequence)."""
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from bertjax import tokenization
+from bertjax.data import sources
+from bertjax.errors import UserError
+from bertjax.tasks import pretraining
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NUM_DOCUMENTS = 40  # chapters of the bundled corpus the tests train on
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+  """(text file with NUM_DOCUMENTS chapters of the bundled corpus, a sentencepiece model of it)."""
+  directory = tmp_path_factory.mktemp("corpus")
+  documents = sources.read_text_files(sources.BUNDLED_CORPUS)[:NUM_DOCUMENTS]
+  text_file = directory / "chapters.txt"
+  text_file.write_text("\n\n".join("\n".join(doc) for doc in documents) + "\n")
+  vocab = directory / "vocab.model"
+  tokenization.load_or_train_sentencepiece(
+      lambda: (s for doc in documents for s in doc), str(vocab), 600)
+  return str(text_file), str(vocab)
+
+
+def _flags(corpus, *overrides):
+  """Flags of a short tiny run on the test corpus, then `overrides`."""
+  text_file, vocab = corpus
+  return [f"--config.data.input_files={text_file}", f"--config.data.vocab_model={vocab}",
+          "--config.data.max_seq_length=32", "--config.data.max_predictions_per_seq=5",
+          "--config.data.dupe_factor=2", "--config.data.eval_fraction=0.1",
+          "--config.train.batch_size=8", "--config.train.eval_batch_size=16",
+          "--config.train.num_train_steps=6", "--config.train.warmup_steps=2",
+          "--config.train.log_every_steps=1", "--config.train.eval_every_steps=3",
+          "--config.train.checkpoint_every_steps=2", "--config.train.eval_steps=2", *overrides]
+
+
+def _command(workdir, flags, config="configs/tiny.py"):
+  return [sys.executable, "-m", "bertjax.main", f"--config={os.path.join(ROOT, config)}",
+          f"--workdir={workdir}", *flags]
+
+
+def _env(num_devices=1):
+  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+  env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={num_devices}"
+  return env
+
+
+def _run(workdir, flags, config="configs/tiny.py", num_devices=1, timeout=300):
+  return subprocess.run(_command(workdir, flags, config), env=_env(num_devices), cwd=ROOT,
+                        capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def _saved_params(workdir, step=None):
+  """The parameters of the checkpoint at `step` (default: the latest) as numpy arrays."""
+  root = os.path.join(workdir, "checkpoints")
+  step = step if step is not None else max(int(s) for s in os.listdir(root) if s.isdigit())
+  state = ocp.PyTreeCheckpointer().restore(os.path.join(root, str(step), "state"))
+  return jax.tree.map(np.asarray, state["params"]), state
+
+
+def _metrics(workdir):
+  import json  # pylint: disable=import-outside-toplevel
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [json.loads(line) for line in f]
+
+
+def _tree_digest(path):
+  """Names, sizes and bytes of every file under `path` (to show nothing changed)."""
+  digest = hashlib.sha256()
+  for root, dirs, files in sorted(os.walk(path)):
+    dirs.sort()
+    for name in sorted(files):
+      full = os.path.join(root, name)
+      digest.update(os.path.relpath(full, path).encode())
+      with open(full, "rb") as f:
+        digest.update(f.read())
+  return digest.hexdigest()
+
+
+def test_cli_end_to_end(corpus, tmp_path):
+  workdir = tmp_path / "run"
+  out = _run(workdir, _flags(corpus))
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert sorted(os.listdir(workdir)) == ["checkpoints", "config.json", "metrics.jsonl",
+                                         "tensorboard"]
+  assert sorted(int(s) for s in os.listdir(workdir / "checkpoints")) == [4, 6]  # keep 2
+  records = _metrics(workdir)
+  train_records = [r for r in records if r["split"] == "train"]
+  eval_records = [r for r in records if r["split"] == "eval"]
+  assert [r["step"] for r in train_records] == [1, 2, 3, 4, 5, 6]
+  assert [r["step"] for r in eval_records] == [3, 6]
+  for key in ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy", "learning_rate",
+              "grad_norm", "param_norm", "examples_per_second", "tokens_per_second"):
+    assert np.isfinite(train_records[-1][key]), key
+  assert train_records[1]["learning_rate"] == pytest.approx(2e-3 * 1 / 2)  # warmup step 1 of 2
+  assert eval_records[-1]["examples"] == 32  # eval_steps=2 batches of 16
+  assert 0 <= eval_records[-1]["frequency_baseline_mlm_accuracy"] < 0.5
+  assert os.listdir(workdir / "tensorboard")
+  config = (workdir / "config.json").read_text()
+  assert '"max_seq_length": 32' in config
+
+
+def test_resume_in_a_fresh_process_continues_exactly(corpus, tmp_path):
+  """6 steps straight = 4 steps (stopped by num_train_steps), then a new process to 6."""
+  straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+  out = _run(straight, _flags(corpus))
+  assert out.returncode == 0, out.stderr[-3000:]
+  # The schedule is the 6-step one in both runs: stop at 4 by SIGTERM-free means, i.e. run the
+  # same command with a step budget, then the full one.
+  out = _run(resumed, _flags(corpus, "--config.train.stop_after_steps=4"))
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert max(int(s) for s in os.listdir(resumed / "checkpoints")) == 4
+  out = _run(resumed, _flags(corpus))
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "resuming from step 4" in out.stdout + out.stderr
+  a, state_a = _saved_params(straight)
+  b, state_b = _saved_params(resumed)
+  assert int(state_a["step"]) == int(state_b["step"]) == 6
+  jax.tree.map(np.testing.assert_array_equal, a, b)
+  train_a = [r["loss"] for r in _metrics(straight) if r["split"] == "train"]
+  train_b = [r["loss"] for r in _metrics(resumed) if r["split"] == "train"]
+  assert train_a == train_b
+
+
+def test_sigterm_saves_a_checkpoint_and_the_run_resumes(corpus, tmp_path):
+  workdir = tmp_path / "run"
+  flags = _flags(corpus, "--config.train.num_train_steps=100000",
+                 "--config.train.checkpoint_every_steps=100000",
+                 "--config.train.eval_every_steps=100000")
+  process = subprocess.Popen(_command(workdir, flags), env=_env(), cwd=ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  deadline = time.time() + 240
+  while time.time() < deadline and process.poll() is None:
+    if (workdir / "metrics.jsonl").exists() and len(_metrics(workdir)) >= 3:
+      break
+    time.sleep(0.5)
+  process.send_signal(signal.SIGTERM)
+  _, stderr = process.communicate(timeout=120)
+  assert process.returncode == 0, stderr[-3000:]
+  assert "SIGTERM" in stderr
+  steps = [int(s) for s in os.listdir(workdir / "checkpoints") if s.isdigit()]
+  assert len(steps) == 1 and steps[0] >= 3
+  saved = steps[0]
+  out = _run(workdir, _flags(corpus, f"--config.train.num_train_steps={saved + 2}",
+                             "--config.train.eval_every_steps=100000"))
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert f"resuming from step {saved}" in out.stdout + out.stderr
+  records = [r for r in _metrics(workdir) if r["split"] == "train"]
+  assert [r["step"] for r in records][-2:] == [saved + 1, saved + 2]
+
+
+# ----------------------------------------------------------------------------------------------
+# Bad input: one clear message, exit status 2, the workdir untouched.
+
+
+def _assert_fails_cleanly(workdir, flags, *expected, num_devices=1, config="configs/tiny.py"):
+  workdir.mkdir(exist_ok=True)
+  (workdir / "notes.txt").write_text("the user's file\n")
+  before = _tree_digest(workdir)
+  out = _run(workdir, flags, config=config, num_devices=num_devices)
+  assert out.returncode == 2, (out.returncode, out.stderr[-3000:])
+  message = [line for line in out.stderr.splitlines() if line.startswith("bertjax: error:")]
+  assert len(message) == 1, out.stderr[-3000:]
+  for text in expected:
+    assert text in message[0], message[0]
+  assert "Traceback" not in out.stderr
+  assert _tree_digest(workdir) == before
+  return message[0]
+
+
+def test_missing_corpus(corpus, tmp_path):
+  _assert_fails_cleanly(tmp_path / "w", _flags(corpus, "--config.data.input_files=/no/such/*.txt"),
+                        "/no/such/*.txt")
+
+
+def test_empty_corpus(corpus, tmp_path):
+  empty = tmp_path / "empty.txt"
+  empty.write_text("\n\n  \n")
+  _assert_fails_cleanly(tmp_path / "w", _flags(corpus, f"--config.data.input_files={empty}"),
+                        "empty.txt")
+
+
+def test_corpus_not_utf8(corpus, tmp_path):
+  latin = tmp_path / "latin1.txt"
+  latin.write_bytes("First line.\nSecond line, caf\u00e9.\n".encode("latin-1"))
+  _assert_fails_cleanly(tmp_path / "w", _flags(corpus, f"--config.data.input_files={latin}"),
+                        "latin1.txt", "UTF-8", "line 2")
+
+
+def test_unknown_config_key(corpus, tmp_path):
+  _assert_fails_cleanly(tmp_path / "w", _flags(corpus, "--config.train.batchsize=8"),
+                        "train.batchsize")
+
+
+def test_bad_config_value(corpus, tmp_path):
+  _assert_fails_cleanly(tmp_path / "w", _flags(corpus, "--config.train.batch_size=eight"),
+                        "eight")
+  _assert_fails_cleanly(tmp_path / "w", _flags(corpus, "--config.data.masked_lm_prob=1.5"),
+                        "masked_lm_prob=1.5")
+
+
+def test_batch_not_divisible_by_devices(corpus, tmp_path):
+  _assert_fails_cleanly(tmp_path / "w", _flags(corpus, "--config.train.batch_size=7"),
+                        "train.batch_size=7", "2 devices", num_devices=2)
+
+
+def test_checkpoint_of_another_model_shape(corpus, tmp_path):
+  workdir = tmp_path / "w"
+  out = _run(workdir, _flags(corpus, "--config.train.num_train_steps=2"))
+  assert out.returncode == 0, out.stderr[-3000:]
+  _assert_fails_cleanly(workdir, _flags(corpus, "--config.train.num_train_steps=4",
+                                        "--config.model.size=mini"),
+                        "checkpoint", "shape")
+
+
+def test_static_examples_from_the_cli_tool(corpus, tmp_path):
+  """create_pretraining_data writes shards; a run trains on them (static masks)."""
+  text_file, vocab = corpus
+  shards = tmp_path / "shards"
+  out = subprocess.run(
+      [sys.executable, "-m", "bertjax.data.create_pretraining_data", f"--input_file={text_file}",
+       f"--vocab_model={vocab}", f"--output_dir={shards}", "--max_seq_length=32",
+       "--max_predictions_per_seq=5", "--dupe_factor=1", "--num_shards=2"],
+      env=_env(), cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+  assert out.returncode == 0, out.stderr[-3000:]
+  workdir = tmp_path / "run"
+  flags = [f for f in _flags(corpus, "--config.train.num_train_steps=2")
+           if not f.startswith("--config.data.input_files")]
+  out = _run(workdir, flags + [f"--config.data.static_examples={shards}",
+                               "--config.data.dynamic_masking=False"])
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert [r["step"] for r in _metrics(workdir) if r["split"] == "train"] == [1, 2]
+
+
+@pytest.mark.parametrize("config", ["configs/base.py", "configs/large.py"])
+def test_paper_configs_build_and_run_one_step(config, corpus, tmp_path):
+  """BERT-base / -large as configured, at batch 2 and sequence 32, for one step on the CPU."""
+  text_file, vocab = corpus
+  workdir = tmp_path / "run"
+  out = _run(workdir, [f"--config.data.input_files={text_file}",
+                       f"--config.data.vocab_model={vocab}", "--config.data.max_seq_length=32",
+                       "--config.data.max_predictions_per_seq=5", "--config.train.batch_size=2",
+                       "--config.train.eval_batch_size=2", "--config.train.num_train_steps=1",
+                       "--config.train.warmup_steps=0", "--config.train.eval_steps=1"],
+             config=config, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  params, _ = _saved_params(workdir)
+  layers = {"configs/base.py": 12, "configs/large.py": 24}[config]
+  assert f"layer_{layers - 1}" in params["bert"]["encoder"]
+  assert f"layer_{layers}" not in params["bert"]["encoder"]
+  hidden = {"configs/base.py": 768, "configs/large.py": 1024}[config]
+  assert params["bert"]["embeddings"]["word_embeddings"]["embedding"].shape[1] == hidden
+  assert [r["step"] for r in _metrics(workdir) if r["split"] == "train"] == [1]
+
+
+# ----------------------------------------------------------------------------------------------
+# In-process pieces of the task.
+
+
+def test_split_documents_holds_out_a_seeded_fraction():
+  documents = [[f"doc {i}"] for i in range(40)]
+  train_docs, eval_docs = pretraining.split_documents(documents, 0.1, seed=0)
+  assert len(eval_docs) == 4 and len(train_docs) == 36
+  assert sorted(train_docs + eval_docs) == sorted(documents)
+  assert pretraining.split_documents(documents, 0.1, seed=0) == (train_docs, eval_docs)
+  assert pretraining.split_documents(documents, 0.1, seed=1)[1] != eval_docs
+  assert pretraining.split_documents(documents, 0.0, seed=0) == (documents, [])
+
+
+def test_check_config_names_the_field():
+  sys.path.insert(0, os.path.join(ROOT, "configs"))
+  import tiny  # pylint: disable=import-outside-toplevel
+  config = tiny.get_config()
+  config.data.input_files = "a.txt"
+  config.data.tfds_name = "wikipedia"
+  with pytest.raises(UserError, match="data.input_files and data.tfds_name"):
+    pretraining.check_config(config)
+  config = tiny.get_config()
+  config.data.max_seq_length = 1024
+  with pytest.raises(UserError, match="max_position_embeddings"):
+    pretraining.check_config(config)
