@@ -1,0 +1,271 @@
+"""Tokenizers: one interface (`Tokenizer`) over sentencepiece models (and, later, WordPiece).
+
+  tok = load_or_train_sentencepiece(lambda: sentences, "workdir/vocab.model", 8000)
+  ids = tok.encode("It is a truth universally acknowledged.")   # [num_pieces] ids
+  tok.decode(ids)                                                # the text again
+
+Special tokens: `[PAD]` is always id 0; `[UNK] [CLS] [SEP] [MASK]` are at the ids the tokenizer
+reports (1, 2, 3, 4 in models trained here). Models trained here hold `[CLS] [SEP] [MASK]` as
+control symbols: `token_to_id` finds them, but `encode` never produces them from text, so a user
+who types "[MASK]" gets ordinary pieces, not a mask. (A model trained elsewhere with them as
+user-defined symbols is accepted too; its `encode` does turn the text "[MASK]" into mask_id.)
+"""
+from __future__ import annotations
+
+import abc
+import io
+import os
+from collections.abc import Callable, Iterable, Sequence
+
+import numpy as np
+
+from bertjax.errors import UserError
+
+PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
+MODEL_FILE = "vocab.model"  # the name `save` writes
+MIN_VOCAB_SIZE = 64  # smaller cannot hold a corpus's characters and the special pieces
+_WORD_START = "\u2581"  # "▁": sentencepiece's mark of a piece that begins a word
+
+
+class Tokenizer(abc.ABC):
+  """Text <-> token ids, with BERT's special tokens.
+
+  Attributes:
+    vocab_size: number of ids; every id is in [0, vocab_size).
+    pad_id: id of [PAD]; always 0.
+    unk_id, cls_id, sep_id, mask_id: ids of [UNK], [CLS], [SEP], [MASK].
+  """
+
+  vocab_size: int
+  pad_id: int = 0
+  unk_id: int
+  cls_id: int
+  sep_id: int
+  mask_id: int
+
+  @property
+  def special_ids(self) -> frozenset[int]:
+    """The ids of [PAD] [UNK] [CLS] [SEP] [MASK]."""
+    return frozenset({self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id})
+
+  @abc.abstractmethod
+  def encode(self, text: str) -> list[int]:
+    """One text -> its ids ([num_pieces]); never special ids other than unk_id."""
+
+  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    """Texts -> their ids ([num_texts][num_pieces]); subclasses may do this faster."""
+    return [self.encode(text) for text in texts]
+
+  @abc.abstractmethod
+  def decode(self, ids: Iterable[int]) -> str:
+    """Ids -> text; [PAD] [CLS] [SEP] [MASK] are dropped."""
+
+  @abc.abstractmethod
+  def id_to_token(self, i: int) -> str:
+    """The piece of id `i` (IndexError outside [0, vocab_size))."""
+
+  @abc.abstractmethod
+  def token_to_id(self, token: str) -> int:
+    """The id of a piece; unk_id for a piece not in the vocabulary."""
+
+  @abc.abstractmethod
+  def is_word_start(self, ids: np.ndarray) -> np.ndarray:
+    """Whether each id's piece begins a new word (special tokens do), for whole-word masking.
+
+    Args:
+      ids: int array of any shape.
+
+    Returns:
+      bool array of the same shape.
+    """
+
+  @abc.abstractmethod
+  def save(self, directory: str) -> str:
+    """Writes the tokenizer's file(s) into `directory`; returns the path to load it from."""
+
+
+class SentencePieceTokenizer(Tokenizer):
+  """A `Tokenizer` over a sentencepiece model file (unigram or BPE).
+
+  Args:
+    model_file: path of a .model file with the pieces [CLS] [SEP] [MASK], pad id 0 and an
+      unknown piece, e.g. one written by `train_sentencepiece`.
+
+  Raises:
+    UserError: the file is missing or not a sentencepiece model, or the model lacks BERT's
+      special pieces.
+  """
+
+  def __init__(self, model_file: str):
+    import sentencepiece as spm  # pylint: disable=import-outside-toplevel
+
+    model_file = os.fspath(model_file)
+    if os.path.isdir(model_file):
+      raise UserError(f"sentencepiece model {model_file} is a directory; give the .model file "
+                      f"in it, e.g. {os.path.join(model_file, MODEL_FILE)}.")
+    if not os.path.isfile(model_file):
+      raise UserError(f"sentencepiece model {model_file} does not exist; give a .model file, or "
+                      "train one with bertjax.tokenization.train_sentencepiece.")
+    try:
+      with open(model_file, "rb") as f:
+        self._proto = f.read()
+      self._sp = spm.SentencePieceProcessor(model_proto=self._proto)
+    except (OSError, RuntimeError) as e:
+      raise UserError(f"{model_file} is not a sentencepiece model ({str(e).splitlines()[0]}); "
+                      "give a .model file written by sentencepiece or "
+                      "bertjax.tokenization.train_sentencepiece.") from None
+    self.model_file = model_file
+    self.vocab_size = self._sp.get_piece_size()
+    self.pad_id, self.unk_id = self._sp.pad_id(), self._sp.unk_id()
+    found = {piece: self._sp.piece_to_id(piece) for piece in (CLS, SEP, MASK)}
+    missing = [p for p, i in found.items() if i == self.unk_id or self._sp.id_to_piece(i) != p]
+    if self.pad_id != 0:
+      missing.insert(0, f"{PAD} at id 0 (pad id is {self.pad_id})")
+    if missing:
+      raise UserError(f"{model_file} was not trained by bertjax: it lacks {', '.join(missing)}; "
+                      "retrain it with bertjax.tokenization.train_sentencepiece (or delete it "
+                      "and let the pretraining run train one).")
+    self.cls_id, self.sep_id, self.mask_id = found[CLS], found[SEP], found[MASK]
+    table = np.array([self._sp.id_to_piece(i).startswith(_WORD_START)
+                      for i in range(self.vocab_size)], bool)
+    table[list(self.special_ids)] = True
+    self._word_start = table  # [vocab_size]
+
+  def encode(self, text: str) -> list[int]:
+    return self._sp.encode(text, out_type=int)
+
+  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    return self._sp.encode(list(texts), out_type=int)  # sentencepiece's threads
+
+  def decode(self, ids: Iterable[int]) -> str:
+    return self._sp.decode([int(i) for i in ids])
+
+  def id_to_token(self, i: int) -> str:
+    if not 0 <= int(i) < self.vocab_size:
+      raise IndexError(f"id {i} is outside the vocabulary [0, {self.vocab_size})")
+    return self._sp.id_to_piece(int(i))
+
+  def token_to_id(self, token: str) -> int:
+    return self._sp.piece_to_id(token)
+
+  def is_word_start(self, ids: np.ndarray) -> np.ndarray:
+    return self._word_start[np.asarray(ids)]
+
+  def save(self, directory: str) -> str:
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, MODEL_FILE)
+    _write_atomically(path, self._proto)
+    return path
+
+
+def _write_atomically(path: str, data: bytes) -> None:
+  """Writes `data` to a temporary file beside `path`, then renames it: no half-written file."""
+  tmp = f"{path}.tmp-{os.getpid()}"
+  try:
+    with open(tmp, "wb") as f:
+      f.write(data)
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+
+
+def train_sentencepiece(sentences: Iterable[str], model_prefix: str, vocab_size: int, *,
+                        seed: int = 0, model_type: str = "unigram",
+                        character_coverage: float = 0.9999,
+                        input_sentence_size: int = 1_000_000) -> SentencePieceTokenizer:
+  """Trains a sentencepiece model with BERT's special pieces and writes MODEL_PREFIX.model.
+
+  Pieces 0-4 are [PAD] [UNK] [CLS] [SEP] [MASK] ([CLS] [SEP] [MASK] as control symbols, never
+  produced from text). The vocabulary limit is soft: a corpus too small for `vocab_size` gets
+  a smaller vocabulary (the tokenizer's `vocab_size` says how large). Training uses every core,
+  at most `input_sentence_size` sentences (a seeded shuffle picks them), and the same seed and
+  text give the same model.
+
+  Args:
+    sentences: the text, one sentence (or line) per item; read once.
+    model_prefix: the model is written to MODEL_PREFIX.model (atomically).
+    vocab_size: the vocabulary size wanted, >= MIN_VOCAB_SIZE.
+    seed: seed of sentencepiece's random choices (sampling and shuffling sentences).
+    model_type: "unigram" (default) or "bpe".
+    character_coverage: fraction of characters covered by pieces; the rest become [UNK].
+    input_sentence_size: most sentences used for training.
+
+  Returns:
+    The trained tokenizer.
+
+  Raises:
+    UserError: vocab_size too small, or no text.
+  """
+  import sentencepiece as spm  # pylint: disable=import-outside-toplevel
+
+  if vocab_size < MIN_VOCAB_SIZE:
+    raise UserError(f"vocab_size={vocab_size} is too small; use {MIN_VOCAB_SIZE} or more "
+                    "(BERT uses 30522, the tiny config a few thousand).")
+  count, failure = [0], []
+
+  def counted():  # counts the sentences, and keeps an error of `sentences` to raise it again
+    try:
+      for sentence in sentences:
+        if sentence.strip():
+          count[0] += 1
+          yield sentence
+    except GeneratorExit:  # closed early: not an error of `sentences`
+      raise
+    except BaseException as e:  # pylint: disable=broad-except  (sentencepiece would hide it)
+      failure.append(e)
+
+  model = io.BytesIO()
+  spm.set_random_generator_seed(seed)
+  try:
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=counted(), model_writer=model, vocab_size=vocab_size,
+        model_type=model_type, character_coverage=character_coverage,
+        input_sentence_size=input_sentence_size, shuffle_input_sentence=True,
+        num_threads=os.cpu_count() or 1, hard_vocab_limit=False, pad_id=0, unk_id=1, bos_id=-1,
+        eos_id=-1, pad_piece=PAD, unk_piece=UNK, control_symbols=[CLS, SEP, MASK],
+        minloglevel=2)
+  except RuntimeError as e:
+    if failure:
+      raise failure[0]
+    if not count[0]:
+      raise UserError("no text to train the sentencepiece model on; give a corpus with some "
+                      "sentences.") from None
+    message = str(e).strip().splitlines()[-1]
+    raise UserError(f"sentencepiece training failed: {message.split('] ')[-1]}; give more text "
+                    "or a larger vocab_size.") from None
+  if failure:
+    raise failure[0]
+  path = f"{model_prefix}.model"
+  _write_atomically(path, model.getvalue())
+  return SentencePieceTokenizer(path)
+
+
+def load_or_train_sentencepiece(sentences_fn: Callable[[], Iterable[str]], path: str,
+                                vocab_size: int, **train_kwargs) -> SentencePieceTokenizer:
+  """Loads the sentencepiece model at `path`, or trains one there if there is none.
+
+  An existing file is loaded as it is (whatever vocab_size it was trained with). Otherwise a
+  model is trained (see `train_sentencepiece`) and moved into `path` in one rename, so a run
+  killed while training leaves no model, never half of one.
+
+  Args:
+    sentences_fn: called (only when training) for an iterable of sentences.
+    path: the .model file.
+    vocab_size: the vocabulary size wanted if a model is trained.
+    **train_kwargs: passed on to `train_sentencepiece` (seed, model_type, ...).
+
+  Returns:
+    The tokenizer.
+  """
+  path = os.fspath(path)
+  if os.path.exists(path):
+    return SentencePieceTokenizer(path)
+  prefix = f"{path}.training-{os.getpid()}"
+  try:
+    train_sentencepiece(sentences_fn(), prefix, vocab_size, **train_kwargs)
+    os.replace(f"{prefix}.model", path)
+  finally:
+    if os.path.exists(f"{prefix}.model"):
+      os.remove(f"{prefix}.model")
+  return SentencePieceTokenizer(path)

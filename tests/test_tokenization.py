@@ -1,0 +1,190 @@
+"""Tests of bertjax.tokenization: sentencepiece training, the Tokenizer interface, errors."""
+import os
+import time
+
+import numpy as np
+import pytest
+import sentencepiece as spm
+
+from bertjax import tokenization
+from bertjax.data import sources
+from bertjax.errors import UserError
+
+VOCAB_SIZE = 1000
+SENTENCES = ["It is a truth universally acknowledged, that a single man in possession of a good "
+             "fortune, must be in want of a wife.",
+             '"My dear Mr. Bennet," said his lady to him one day, "have you heard that '
+             'Netherfield Park is let at last?"',
+             "Emma Woodhouse, handsome, clever, and rich, seemed to unite some of the best "
+             "blessings of existence."]
+
+
+@pytest.fixture(scope="module")
+def corpus():
+  """The sentences of the bundled corpus's first 60 chapters."""
+  return [s for doc in sources.read_text_files(sources.BUNDLED_CORPUS)[:60] for s in doc]
+
+
+@pytest.fixture(scope="module")
+def model_dir(corpus, tmp_path_factory):
+  directory = tmp_path_factory.mktemp("spm")
+  tokenization.train_sentencepiece(iter(corpus), str(directory / "austen"), VOCAB_SIZE)
+  return directory
+
+
+@pytest.fixture(scope="module")
+def tok(model_dir):
+  return tokenization.SentencePieceTokenizer(str(model_dir / "austen.model"))
+
+
+def test_special_ids(tok):
+  assert isinstance(tok, tokenization.Tokenizer)
+  assert tok.vocab_size == VOCAB_SIZE
+  assert (tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id) == (0, 1, 2, 3, 4)
+  assert tok.special_ids == frozenset({0, 1, 2, 3, 4})
+  assert [tok.id_to_token(i) for i in range(5)] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+  assert [tok.token_to_id(t) for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")] == [
+      0, 1, 2, 3, 4]
+  assert tok.token_to_id("no-such-piece") == tok.unk_id
+  with pytest.raises(IndexError):
+    tok.id_to_token(VOCAB_SIZE)
+
+
+def test_encode_decode_round_trip(tok, corpus):
+  for sentence in SENTENCES + corpus[::500]:
+    ids = tok.encode(sentence)
+    assert ids and all(isinstance(i, int) and 5 <= i < tok.vocab_size for i in ids)
+    assert tok.decode(ids) == sentence
+    assert tok.decode(np.array(ids, np.int32)) == sentence  # numpy ids too
+  assert tok.encode_batch(SENTENCES) == [tok.encode(s) for s in SENTENCES]
+  assert tok.encode_batch([]) == []
+  # Special tokens vanish in decoding ([UNK] excepted).
+  ids = tok.encode(SENTENCES[0])
+  assert tok.decode([tok.cls_id] + ids + [tok.sep_id, tok.pad_id, tok.pad_id]) == SENTENCES[0]
+  # Common words are single pieces.
+  assert tok.encode("the") == [tok.token_to_id("\u2581the")]
+
+
+def test_typed_special_tokens_are_plain_text(tok):
+  """[CLS] [SEP] [MASK] are control symbols: text never encodes to them (a user cannot inject a
+  mask or a separator by typing it)."""
+  for text in ("[MASK]", "the [MASK] of [CLS] and [SEP] [PAD] [UNK]"):
+    ids = tok.encode(text)
+    assert not set(ids) & {tok.pad_id, tok.cls_id, tok.sep_id, tok.mask_id}
+  assert len(tok.encode("[MASK]")) > 1
+
+
+def test_is_word_start(tok):
+  ids = tok.encode("Mr. Darcy's indifference, unquestionably!")
+  pieces = [tok.id_to_token(i) for i in ids]
+  expected = [p.startswith("\u2581") for p in pieces]
+  np.testing.assert_array_equal(tok.is_word_start(np.array(ids)), expected)
+  assert expected[0] and not all(expected)  # "." "," "!" continue their word
+  table = tok.is_word_start(np.arange(tok.vocab_size))
+  assert table.shape == (tok.vocab_size,) and table.dtype == bool
+  assert table[:5].all()  # special tokens count as word starts
+  assert 0.3 < table.mean() < 0.9
+  grid = np.array([[0, 2, ids[0]], [ids[1], 3, 4]])  # any shape
+  np.testing.assert_array_equal(tok.is_word_start(grid),
+                                [[True, True, expected[0]], [expected[1], True, True]])
+
+
+def test_training_is_deterministic_and_soft_limited(corpus, model_dir, tmp_path):
+  tokenization.train_sentencepiece(iter(corpus), str(tmp_path / "again"), VOCAB_SIZE)
+  assert (tmp_path / "again.model").read_bytes() == (model_dir / "austen.model").read_bytes()
+  assert sorted(os.listdir(tmp_path)) == ["again.model"]  # no .vocab, no temporary file
+  # A vocabulary larger than a small text supports: trained smaller instead of failing.
+  small = tokenization.train_sentencepiece(iter(SENTENCES * 3), str(tmp_path / "small"), 30522)
+  assert 5 < small.vocab_size < 200
+  assert small.decode(small.encode(SENTENCES[1])) == SENTENCES[1]
+
+
+def test_bundled_corpus_training_speed(tmp_path):
+  sentences = [s for doc in sources.read_text_files(sources.BUNDLED_CORPUS) for s in doc]
+  start = time.perf_counter()
+  tok = tokenization.train_sentencepiece(iter(sentences), str(tmp_path / "full"), 8000)
+  assert time.perf_counter() - start < 30  # ~2 s on 2 cores
+  assert tok.vocab_size == 8000
+
+
+def test_load_or_train(corpus, tmp_path):
+  path = str(tmp_path / "vocab.model")
+  calls = []
+
+  def sentences():
+    calls.append(1)
+    return iter(corpus[:2000])
+
+  tok = tokenization.load_or_train_sentencepiece(sentences, path, 500)
+  assert calls == [1] and tok.vocab_size == 500 and tok.model_file == path
+  assert os.listdir(tmp_path) == ["vocab.model"]
+  os.utime(path, (1_000_000_000, 1_000_000_000))  # an old mtime: any rewrite would show
+  again = tokenization.load_or_train_sentencepiece(sentences, path, 800)  # size not retrained
+  assert calls == [1] and again.vocab_size == 500
+  assert os.stat(path).st_mtime == 1_000_000_000
+  # A failed training leaves nothing behind, not even a temporary file.
+  broken = str(tmp_path / "broken.model")
+  with pytest.raises(UserError, match="no text to train"):
+    tokenization.load_or_train_sentencepiece(lambda: iter(["", "  "]), broken, 500)
+  assert os.listdir(tmp_path) == ["vocab.model"]
+
+  def interrupted():
+    yield from corpus[:100]
+    raise KeyboardInterrupt  # as if the run were killed while reading the text
+
+  with pytest.raises(KeyboardInterrupt):
+    tokenization.load_or_train_sentencepiece(interrupted, broken, 500)
+  assert os.listdir(tmp_path) == ["vocab.model"]
+
+  def unreadable():  # an error of the text reader reaches the caller as it is
+    yield from corpus[:100]
+    raise UserError("some.txt is not UTF-8")
+
+  with pytest.raises(UserError, match="some.txt is not UTF-8"):
+    tokenization.load_or_train_sentencepiece(unreadable, broken, 500)
+  assert os.listdir(tmp_path) == ["vocab.model"]
+
+
+def test_save(tok, tmp_path):
+  path = tok.save(str(tmp_path / "out"))
+  assert path == str(tmp_path / "out" / "vocab.model")
+  loaded = tokenization.SentencePieceTokenizer(path)
+  assert loaded.encode(SENTENCES[0]) == tok.encode(SENTENCES[0])
+
+
+def test_errors(tmp_path, corpus):
+  with pytest.raises(UserError, match=r"sentencepiece model .*missing\.model does not exist; "
+                     "give a .model file, or train one"):
+    tokenization.SentencePieceTokenizer(str(tmp_path / "missing.model"))
+  (tmp_path / "junk.model").write_bytes(b"this is not a protobuf \x00\xff")
+  with pytest.raises(UserError, match=r"junk\.model is not a sentencepiece model"):
+    tokenization.SentencePieceTokenizer(str(tmp_path / "junk.model"))
+  with pytest.raises(UserError, match=r"is a directory; give the .model file in it, e\.g\. "):
+    tokenization.SentencePieceTokenizer(str(tmp_path))
+  with pytest.raises(UserError, match=r"vocab_size=10 is too small; use 64 or more"):
+    tokenization.train_sentencepiece(iter(corpus), str(tmp_path / "tiny"), 10)
+  with pytest.raises(UserError, match=r"sentencepiece training failed: .*Vocabulary size is "
+                     r"smaller than required_chars.*; give more text or a larger vocab_size"):
+    tokenization.train_sentencepiece(iter(corpus + ["\u00e6\u00f8\u00e5 \u03b1\u03b2\u03b3 "
+                                                    "\u0436\u0449\u044b"] * 50_000),
+                                     str(tmp_path / "chars"), 64, character_coverage=1.0)
+  # A plain sentencepiece model, trained without BERT's special pieces.
+  spm.SentencePieceTrainer.train(sentence_iterator=iter(corpus[:2000]),
+                                 model_prefix=str(tmp_path / "plain"), vocab_size=300,
+                                 minloglevel=2)
+  with pytest.raises(UserError, match=r"plain\.model was not trained by bertjax: it lacks "
+                     r"\[PAD\] at id 0 \(pad id is -1\), \[CLS\], \[SEP\], \[MASK\]; retrain it "
+                     "with bertjax.tokenization.train_sentencepiece"):
+    tokenization.SentencePieceTokenizer(str(tmp_path / "plain.model"))
+
+
+def test_user_defined_symbols_model(tmp_path, corpus):
+  """A model trained elsewhere with [CLS] [SEP] [MASK] as user-defined symbols (and default
+  <pad> <unk> names) is accepted; its encode does turn the text "[MASK]" into mask_id."""
+  spm.SentencePieceTrainer.train(
+      sentence_iterator=iter(corpus[:2000]), model_prefix=str(tmp_path / "uds"), vocab_size=300,
+      user_defined_symbols=["[CLS]", "[SEP]", "[MASK]"], pad_id=0, unk_id=1, bos_id=-1,
+      eos_id=-1, minloglevel=2)
+  tok = tokenization.SentencePieceTokenizer(str(tmp_path / "uds.model"))
+  assert (tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id) == (0, 1, 2, 3, 4)
+  assert tok.mask_id in tok.encode("the [MASK] of it")
