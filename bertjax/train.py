@@ -237,10 +237,10 @@ def restore_or_init(config: ml_collections.ConfigDict, setup: Setup,
   state = setup.init_state()
   if config.init_checkpoint:
     params, report = checkpoint.load_params(config.init_checkpoint, state["params"])
+    print(f"init_checkpoint: {len(report.loaded)} parameters from {report.step_dir}")
     if report.missing:
       print(f"init_checkpoint: freshly initialised {len(report.missing)} parameters it lacks: "
             f"{', '.join(report.missing[:8])}{' ...' if len(report.missing) > 8 else ''}")
-    params = jax.device_put(params, setup.abstract_state["params"])
     state = dict(state, params=params)
   return state, None
 

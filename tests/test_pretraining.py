@@ -148,9 +148,9 @@ def test_sigterm_saves_a_checkpoint_and_the_run_resumes(corpus, tmp_path):
       break
     time.sleep(0.5)
   process.send_signal(signal.SIGTERM)
-  _, stderr = process.communicate(timeout=120)
+  stdout, stderr = process.communicate(timeout=120)
   assert process.returncode == 0, stderr[-3000:]
-  assert "SIGTERM" in stderr
+  assert "SIGTERM: saved a checkpoint" in stdout
   steps = [int(s) for s in os.listdir(workdir / "checkpoints") if s.isdigit()]
   assert len(steps) == 1 and steps[0] >= 3
   saved = steps[0]
@@ -160,6 +160,20 @@ def test_sigterm_saves_a_checkpoint_and_the_run_resumes(corpus, tmp_path):
   assert f"resuming from step {saved}" in out.stdout + out.stderr
   records = [r for r in _metrics(workdir) if r["split"] == "train"]
   assert [r["step"] for r in records][-2:] == [saved + 1, saved + 2]
+
+
+def test_init_checkpoint_takes_parameters_only(corpus, tmp_path):
+  first, second = tmp_path / "first", tmp_path / "second"
+  out = _run(first, _flags(corpus, "--config.train.num_train_steps=2"))
+  assert out.returncode == 0, out.stderr[-3000:]
+  out = _run(second, _flags(corpus, "--config.train.num_train_steps=2",
+                            f"--config.init_checkpoint={first}"))
+  assert out.returncode == 0, out.stderr[-3000:]
+  params, _ = _saved_params(first)
+  assert f"init_checkpoint: {len(jax.tree.leaves(params))} parameters from" in out.stdout
+  # The step, optimizer state and schedule start afresh: the first step has learning rate 0.
+  records = [r for r in _metrics(second) if r["split"] == "train"]
+  assert [r["step"] for r in records] == [1, 2] and records[0]["learning_rate"] == 0.0
 
 
 # ----------------------------------------------------------------------------------------------
@@ -223,7 +237,7 @@ def test_checkpoint_of_another_model_shape(corpus, tmp_path):
   assert out.returncode == 0, out.stderr[-3000:]
   _assert_fails_cleanly(workdir, _flags(corpus, "--config.train.num_train_steps=4",
                                         "--config.model.size=mini"),
-                        "checkpoint", "shape")
+                        "does not match the model", "(128,) in the checkpoint", "--workdir")
 
 
 def test_static_examples_from_the_cli_tool(corpus, tmp_path):
