@@ -1,7 +1,7 @@
 """BERT-large (L24 H1024 A16, 340M parameters) pretraining, the paper's recipe.
 
   python -m bertjax.main --config=configs/large.py --workdir=gs://BUCKET/bert_large \
-      --config.data.input_files='gs://BUCKET/text/*.txt' --config.data.vocab_model=VOCAB.model
+      --config.data.input_files='/data/text/*.txt' --config.data.vocab_model=/data/vocab.model
 
 As configs/base.py (batch 256, lr 1e-4, 1M steps, seq 128 then 512) with the large encoder. The
 paper reports MNLI-m 86.7 after fine-tuning. FSDP over 8 chips: --config.mesh.fsdp=8.

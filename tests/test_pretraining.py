@@ -114,16 +114,18 @@ def test_cli_end_to_end(corpus, tmp_path):
 
 
 def test_resume_in_a_fresh_process_continues_exactly(corpus, tmp_path):
-  """6 steps straight = 4 steps (stopped by num_train_steps), then a new process to 6."""
+  """6 steps straight = 4 steps (stop_after_steps), then a new process to 6; with dropout on and
+  the second sequence-length phase (48 tokens) starting at step 3, so the resume is inside it."""
   straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-  out = _run(straight, _flags(corpus))
+  long_phase = ["--config.data.long_seq_length=48", "--config.data.long_max_predictions_per_seq=7",
+                "--config.train.long_seq_from_step=3"]
+  out = _run(straight, _flags(corpus, *long_phase))
   assert out.returncode == 0, out.stderr[-3000:]
-  # The schedule is the 6-step one in both runs: stop at 4 by SIGTERM-free means, i.e. run the
-  # same command with a step budget, then the full one.
-  out = _run(resumed, _flags(corpus, "--config.train.stop_after_steps=4"))
+  # Both runs have the schedule of 6 steps; the first process of the second stops after 4.
+  out = _run(resumed, _flags(corpus, *long_phase, "--config.train.stop_after_steps=4"))
   assert out.returncode == 0, out.stderr[-3000:]
   assert max(int(s) for s in os.listdir(resumed / "checkpoints")) == 4
-  out = _run(resumed, _flags(corpus))
+  out = _run(resumed, _flags(corpus, *long_phase))
   assert out.returncode == 0, out.stderr[-3000:]
   assert "resuming from step 4" in out.stdout + out.stderr
   a, state_a = _saved_params(straight)
@@ -306,3 +308,29 @@ def test_check_config_names_the_field():
   config.data.max_seq_length = 1024
   with pytest.raises(UserError, match="max_position_embeddings"):
     pretraining.check_config(config)
+
+
+def test_sequence_length_phases_and_their_position(corpus, tmp_path):
+  """Batches switch from data.max_seq_length to data.long_seq_length at long_seq_from_step, and
+  a position taken in either phase resumes the same batches."""
+  text_file, vocab = corpus
+  sys.path.insert(0, os.path.join(ROOT, "configs"))
+  import tiny  # pylint: disable=import-outside-toplevel
+  config = tiny.get_config()
+  config.data.update(input_files=text_file, vocab_model=vocab, max_seq_length=32,
+                     max_predictions_per_seq=5, long_seq_length=64,
+                     long_max_predictions_per_seq=10, dupe_factor=1)
+  config.train.update(batch_size=4, long_seq_from_step=3)
+  task = pretraining.make_task(config, str(tmp_path))
+  assert not os.listdir(tmp_path)  # a given vocabulary: nothing written
+  served = list(zip(range(6), task.train_batches(None)))
+  shapes = [(b["input_ids"].shape, b["masked_lm_positions"].shape) for _, (b, _) in served]
+  assert shapes == [((4, 32), (4, 5))] * 3 + [((4, 64), (4, 10))] * 3
+  assert [p["phase"] for _, (_, p) in served] == [0, 0, 0, 1, 1, 1]  # the phase of each batch
+  assert [p["batches"] for _, (_, p) in served] == [1, 2, 3, 4, 5, 6]
+  for i in (1, 2, 4):  # resume after batch i (i = 2: right before the switch)
+    position = served[i][1][1]
+    resumed = [b for _, (b, _) in zip(range(5 - i), task.train_batches(position))]
+    for (_, (expected, _)), batch in zip(served[i + 1:], resumed):
+      for key in expected:
+        np.testing.assert_array_equal(batch[key], expected[key], err_msg=key)
