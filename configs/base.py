@@ -20,6 +20,8 @@ import tiny  # noqa: E402
 def get_config(arg=None):
   config = tiny.get_config(arg)
   config.model.size = "base"
+  config.model.dropout_rate = 0.1  # the paper's dropout, everywhere
+  config.model.attention_dropout_rate = 0.1
   config.model.dtype = "bfloat16"  # compute in bf16 on TPU/GPU; params, LayerNorm, softmax in f32
   config.data.vocab_size = 30522  # as the paper's WordPiece vocabulary
   config.data.max_predictions_per_seq = 20

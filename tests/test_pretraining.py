@@ -41,6 +41,7 @@ def _flags(corpus, *overrides):
   return [f"--config.data.input_files={text_file}", f"--config.data.vocab_model={vocab}",
           "--config.data.max_seq_length=32", "--config.data.max_predictions_per_seq=5",
           "--config.data.dupe_factor=2", "--config.data.eval_fraction=0.1",
+          "--config.model.dropout_rate=0.1", "--config.model.attention_dropout_rate=0.1",
           "--config.train.batch_size=8", "--config.train.eval_batch_size=16",
           "--config.train.num_train_steps=6", "--config.train.warmup_steps=2",
           "--config.train.log_every_steps=1", "--config.train.eval_every_steps=3",
