@@ -1,4 +1,4 @@
-"""Entry point: `python -m bertjax.main --config=configs/tiny.py --workdir=DIR [--config.KEY=VALUE]`.
+"""Entry point: `python -m bertjax.main --config=configs/tiny.py --workdir=DIR [--config.K=V]`.
 
 Parses the flags and hands the config to the task it names (`bertjax.tasks.REGISTRY`). Bad
 input of any kind (a `UserError`) is printed as one line and exits with status 2.
@@ -14,7 +14,8 @@ from bertjax.errors import UserError
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file (configs/*.py); override fields with --config.KEY=VALUE.",
     lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Directory (or gs:// path) for all outputs.")
+_WORKDIR = flags.DEFINE_string(
+    "workdir", None, "Directory for all outputs (vocabulary, checkpoints, metrics).")
 flags.mark_flags_as_required(["config", "workdir"])
 
 

@@ -1,11 +1,11 @@
 """BERT-base (L12 H768 A12, 110M parameters) pretraining, the paper's recipe.
 
-  python -m bertjax.main --config=configs/base.py --workdir=gs://BUCKET/bert_base \
+  python -m bertjax.main --config=configs/base.py --workdir=/mnt/bucket/bert_base \
       --config.data.input_files='/data/text/*.txt' --config.data.vocab_model=/data/vocab.model
 
 Batch 256, lr 1e-4 (warmup 10k, linear decay), 1M steps: 900k at sequence length 128 (20
 predictions per sequence), then 100k at 512 (80 predictions), switched within the one run. Text
-files are read from local disk (copy them to the host); the workdir may be a gs:// bucket. The
+and workdir are paths on the host (mount a Cloud Storage bucket, e.g. with gcsfuse, for them). The
 paper reports MNLI-m 84.6 for BERT-base after fine-tuning (about 4 days on 16 Cloud TPU v3 chips).
 On a CPU, one step at a reduced batch:
   --config.train.batch_size=2 --config.train.warmup_steps=0 --config.train.num_train_steps=1

@@ -1,6 +1,6 @@
 """BERT-large (L24 H1024 A16, 340M parameters) pretraining, the paper's recipe.
 
-  python -m bertjax.main --config=configs/large.py --workdir=gs://BUCKET/bert_large \
+  python -m bertjax.main --config=configs/large.py --workdir=/mnt/bucket/bert_large \
       --config.data.input_files='/data/text/*.txt' --config.data.vocab_model=/data/vocab.model
 
 As configs/base.py (batch 256, lr 1e-4, 1M steps, seq 128 then 512) with the large encoder. The

@@ -18,7 +18,7 @@ def get_config(arg=None):
   config.init_checkpoint = ""  # bertjax checkpoint to take parameters from ("" = from scratch)
 
   config.model = ml_collections.ConfigDict()
-  config.model.size = "tiny"  # a row of bertjax.models.bert.SIZES: tiny mini small medium base large
+  config.model.size = "tiny"  # bertjax.models.bert.SIZES: tiny mini small medium base large
   config.model.hidden_act = "gelu"  # "gelu" (exact, erf) or "gelu_tanh" (tanh approximation)
   config.model.dtype = "float32"  # compute dtype: float32 or bfloat16 (params stay float32)
   # Dropout 0.1 in the paper (configs/base.py); 0 here: the demo sees each example about once,
@@ -53,7 +53,7 @@ def get_config(arg=None):
   config.train.eval_batch_size = 128  # global batch for evaluation
   config.train.num_train_steps = 2000  # optimizer updates
   config.train.long_seq_from_step = 0  # first step at data.long_seq_length (if set)
-  config.train.stop_after_steps = -1  # stop (and checkpoint) here; rerun to go on (-1 = at the end)
+  config.train.stop_after_steps = -1  # stop (with a checkpoint) here; rerun to go on (-1: the end)
   config.train.warmup_steps = 200  # linear warmup, then linear decay to 0
   config.train.learning_rate = 2e-3  # peak; a tiny model takes a far larger rate than base
   config.train.weight_decay = 0.01  # AdamW decay, off LayerNorm and biases

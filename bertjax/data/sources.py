@@ -36,8 +36,9 @@ def split_sentences(paragraph: str) -> list[str]:
 
   A sentence ends after `.`, `!` or `?` (and any closing quotes or brackets right after it)
   when whitespace or a dash "--" and then a capital letter follow (the capital may have opening
-  quotes before it); the dash stays with the sentence before it. A `.` does not end a sentence after a common abbreviation (Mr. Mrs. Dr. St. Col. Esq. ...)
-  or an initial ("A. W. Smith", "i.e."). Whitespace runs become one space.
+  quotes before it); the dash stays with the sentence before it. A `.` does not end a sentence
+  after a common abbreviation (Mr. Mrs. Dr. St. Col. Esq. ...) or an initial ("A. W. Smith",
+  "i.e."). Whitespace runs become one space.
 
   Args:
     paragraph: text; line breaks inside it count as spaces.

@@ -20,7 +20,6 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
-from etils import epath
 
 from bertjax import tokenization, train
 from bertjax.data import pretraining_examples as pe
@@ -98,43 +97,19 @@ def load_tokenizer(config: ml_collections.ConfigDict, workdir: str,
                    documents: list[list[str]] | None) -> tokenization.SentencePieceTokenizer:
   """`data.vocab_model` if given; else WORKDIR/vocab.model, trained on `documents` if absent."""
   if config.data.vocab_model:
-    if not epath.Path(config.data.vocab_model).exists():
-      raise UserError(f"data.vocab_model={config.data.vocab_model} does not exist; give a "
-                      "sentencepiece .model file or '' to train one on the text.")
-    return tokenization.SentencePieceTokenizer(_local_copy(config.data.vocab_model))
-  path = epath.Path(workdir) / VOCAB_FILE
-  if path.exists():
-    return tokenization.SentencePieceTokenizer(_local_copy(os.fspath(path)))
+    return tokenization.SentencePieceTokenizer(config.data.vocab_model)
+  path = os.path.join(workdir, VOCAB_FILE)
+  if os.path.exists(path):
+    return tokenization.SentencePieceTokenizer(path)
   if jax.process_count() > 1:
     raise UserError("a multi-host run cannot train its vocabulary on every host; train one "
                     "first (a single-host run, or bertjax.tokenization) and pass "
                     "--config.data.vocab_model=PATH.")
   if documents is None:
     raise UserError(f"no vocabulary: set data.vocab_model or put one at {path}.")
-  sentences = lambda: (s for doc in documents for s in doc)  # noqa: E731
-  if "://" not in os.fspath(path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return tokenization.load_or_train_sentencepiece(sentences, os.fspath(path),
-                                                    config.data.vocab_size)
-  local = os.path.join(_local_cache_dir(), VOCAB_FILE)
-  tok = tokenization.load_or_train_sentencepiece(sentences, local, config.data.vocab_size)
-  epath.Path(local).copy(path)
-  return tok
-
-
-def _local_cache_dir() -> str:
-  path = os.path.join(os.path.expanduser("~"), ".cache", "bertjax", str(os.getpid()))
-  os.makedirs(path, exist_ok=True)
-  return path
-
-
-def _local_copy(path: str) -> str:
-  """sentencepiece reads local files only: copies a remote (gs://...) file to a local cache."""
-  if "://" not in path:
-    return path
-  local = os.path.join(_local_cache_dir(), os.path.basename(path))
-  epath.Path(path).copy(local, overwrite=True)
-  return local
+  os.makedirs(workdir, exist_ok=True)
+  return tokenization.load_or_train_sentencepiece(
+      lambda: (s for doc in documents for s in doc), path, config.data.vocab_size)
 
 
 def split_documents(documents: list[Any], eval_fraction: float,
@@ -177,7 +152,8 @@ def _mlm_nsp_sums(model: heads.BertForPreTraining, params: Any, batch: dict[str,
   nsp_hit = jnp.argmax(nsp_logits, -1) == batch["next_sentence_label"]
   return {"mlm_loss": jnp.sum(mlm_ce * mlm_weight), "mlm_hits": jnp.sum(mlm_hit * mlm_weight),
           "mlm_weight": jnp.sum(mlm_weight),
-          "nsp_loss": jnp.sum(nsp_ce * example_weight), "nsp_hits": jnp.sum(nsp_hit * example_weight),
+          "nsp_loss": jnp.sum(nsp_ce * example_weight),
+          "nsp_hits": jnp.sum(nsp_hit * example_weight),
           "examples": jnp.sum(example_weight)}
 
 
@@ -335,7 +311,8 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> train.Task:
   print(f"pretraining: {len(examples['input_ids'])} training examples "
         f"({phases.batches(0).steps_per_epoch} steps per epoch), "
         f"{0 if eval_pipeline is None else eval_pipeline.num_examples} held-out examples, "
-        f"vocabulary {tok.vocab_size}, frequency baseline token {tok.id_to_token(baseline_token)!r}")
+        f"vocabulary {tok.vocab_size}, "
+        f"frequency baseline token {tok.id_to_token(baseline_token)!r}")
   return train.Task(
       init_params=init_params, loss_fn=make_loss_fn(model),
       eval_fn=make_eval_fn(model, baseline_token), summarize_eval=summarize_eval,
