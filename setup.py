@@ -19,6 +19,8 @@ setuptools.setup(
         "orbax-checkpoint==0.12.8",
         "ml_collections==1.1.0",
         "sentencepiece==0.2.3",
+        "tokenizers==0.23.3",  # WordPiece (vocab.txt)
+        "safetensors==0.8.0",  # Hugging Face weights, read without pickle
         "tensorflow-datasets==4.9.10",
         "grain==0.2.18",
         "numpy>=2.0,<3",
@@ -27,7 +29,8 @@ setuptools.setup(
         "tensorboardX==2.6.5",
     ],
     extras_require={
-        "test": ["pytest==9.2.0"],
+        # Reference peers for parity tests and benchmarks: torch's CPU build, transformers.
+        "test": ["pytest==9.2.0", "torch==2.13.0", "transformers==5.23.0"],
         # Google's TF checkpoints and TFDS's tf.data path; large, so optional.
         "tf": ["tensorflow"],
     },
