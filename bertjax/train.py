@@ -50,6 +50,8 @@ class Task:
     train_batches: data position (None = start) -> iterator of (per-host batch, position after it).
     eval_batches: () -> per-host batches of the held-out set, once through (None: no evaluation).
     init_batch: a per-host batch with the shapes of training, for initialisation.
+    files: workdir files the task describes itself by, {name: text}, e.g. bert_config.json
+      (written next to config.json).
   """
   init_params: Callable[[jax.Array, Batch], Params]
   loss_fn: Callable[[Params, Batch, jax.Array], tuple[jax.Array, dict[str, jax.Array]]]
@@ -58,6 +60,7 @@ class Task:
   train_batches: Callable[[dict | None], Iterator[tuple[Batch, dict]]]
   eval_batches: Callable[[], Iterable[Batch]] | None
   init_batch: Batch
+  files: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 def make_optimizer(train_config: ml_collections.ConfigDict):
@@ -268,6 +271,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, task: Ta
   if jax.process_index() == 0:
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "config.json").write_text(config.to_json_best_effort(indent=2) + "\n")
+    for name, text in task.files.items():
+      (workdir / name).write_text(text)
   log = MetricsLog(workdir)
   train_cfg = config.train
   eval_metrics: dict[str, float] = {}

@@ -95,8 +95,8 @@ def test_cli_end_to_end(corpus, tmp_path):
   workdir = tmp_path / "run"
   out = _run(workdir, _flags(corpus))
   assert out.returncode == 0, out.stderr[-3000:]
-  assert sorted(os.listdir(workdir)) == ["checkpoints", "config.json", "metrics.jsonl",
-                                         "tensorboard"]
+  assert sorted(os.listdir(workdir)) == ["bert_config.json", "checkpoints", "config.json",
+                                         "metrics.jsonl", "tensorboard"]
   assert sorted(int(s) for s in os.listdir(workdir / "checkpoints")) == [4, 6]  # keep 2
   records = _metrics(workdir)
   train_records = [r for r in records if r["split"] == "train"]
@@ -112,6 +112,16 @@ def test_cli_end_to_end(corpus, tmp_path):
   assert os.listdir(workdir / "tensorboard")
   config = (workdir / "config.json").read_text()
   assert '"max_seq_length": 32' in config
+
+  # The workdir converts to a Hugging Face directory that transformers loads completely.
+  hf_dir = tmp_path / "hf"
+  out = subprocess.run([sys.executable, "-m", "bertjax.convert", "--to=hf", f"--src={workdir}",
+                        f"--dst={hf_dir}"], env=_env(), cwd=ROOT, capture_output=True,
+                       text=True, timeout=300, check=False)
+  assert out.returncode == 0, out.stderr[-3000:]
+  import transformers  # pylint: disable=import-outside-toplevel
+  _, info = transformers.BertForPreTraining.from_pretrained(hf_dir, output_loading_info=True)
+  assert not info["missing_keys"] and not info["unexpected_keys"], info
 
 
 def test_resume_in_a_fresh_process_continues_exactly(corpus, tmp_path):

@@ -12,6 +12,8 @@ data position stored with each checkpoint records the phase, so a resumed run co
 """
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 from typing import Any, Iterator
 
@@ -301,7 +303,8 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> train.Task:
                              max_predictions=data.max_predictions_per_seq, dynamic=False,
                              shuffle=False)
   init_batch, _ = next(phases.batches(0).iterate(None))
-  model = heads.BertForPreTraining(model_config(config, tok.vocab_size))
+  bert_config = model_config(config, tok.vocab_size)
+  model = heads.BertForPreTraining(bert_config)
 
   def init_params(rng, batch):
     return model.init({"params": rng}, batch["input_ids"], batch["segment_ids"],
@@ -318,7 +321,8 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> train.Task:
       eval_fn=make_eval_fn(model, baseline_token), summarize_eval=summarize_eval,
       train_batches=phases.iterate,
       eval_batches=None if eval_pipeline is None else eval_pipeline.eval_batches,
-      init_batch=init_batch)
+      init_batch=init_batch,
+      files={"bert_config.json": json.dumps(dataclasses.asdict(bert_config), indent=2) + "\n"})
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:

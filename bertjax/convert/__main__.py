@@ -1,0 +1,97 @@
+"""Converts BERT checkpoints between Hugging Face transformers and bertjax.
+
+  python -m bertjax.convert --from=hf --src=HF_DIR --dst=OUT
+      HF_DIR: a transformers save_pretrained directory (config.json, model.safetensors or
+      pytorch_model.bin, tokenizer files). OUT gets checkpoints/0/ (a bertjax checkpoint that
+      `--config.init_checkpoint=OUT` starts from), bert_config.json and the tokenizer files.
+  python -m bertjax.convert --to=hf --src=OUT --dst=HF_DIR
+      OUT: a directory written by --from=hf (or any bertjax checkpoint directory with a
+      bert_config.json). HF_DIR gets config.json, model.safetensors and the tokenizer files;
+      transformers.BertForPreTraining.from_pretrained(HF_DIR) loads it.
+
+The destination must not exist or be empty; nothing is ever overwritten. Task heads of a
+Hugging Face fine-tuned model (classifier, qa_outputs) are reported unused and not converted.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+
+from bertjax.convert import hf
+from bertjax.errors import UserError
+
+
+def _check_dst(dst: str) -> None:
+  if os.path.exists(dst) and (not os.path.isdir(dst) or os.listdir(dst)):
+    raise UserError(f"--dst={dst} exists and is not an empty directory; give a new directory "
+                    "(nothing is overwritten).")
+
+
+def _check_src(src: str) -> None:
+  if not os.path.isdir(src):
+    raise UserError(f"--src={src} is not a directory; give the checkpoint directory to convert.")
+
+
+def from_hf_dir(src: str, dst: str) -> hf.ConversionReport:
+  """HF_DIR -> a bertjax checkpoint directory; returns the conversion report."""
+  _check_src(src)
+  _check_dst(dst)
+  config = hf.hf_config_to_bert_config(hf.load_hf_config(src))
+  params, report = hf.from_hf(hf.load_hf_state_dict(src), config)
+  hf.save_bertjax_checkpoint(dst, params, config, hf.tokenizer_files(src))
+  return report
+
+
+def to_hf_dir(src: str, dst: str) -> str:
+  """A bertjax checkpoint directory -> HF_DIR; returns the transformers architecture written."""
+  from safetensors.numpy import save_file  # pylint: disable=import-outside-toplevel
+  _check_src(src)
+  _check_dst(dst)
+  params, config = hf.load_bertjax_checkpoint(src)
+  tensors = hf.to_hf(params, config)
+  architecture = hf.hf_architecture(params)
+  os.makedirs(dst, exist_ok=True)
+  with open(os.path.join(dst, "config.json"), "w", encoding="utf-8") as f:
+    json.dump(hf.bert_config_to_hf_config(config, [architecture]), f, indent=2)
+    f.write("\n")
+  save_file(tensors, os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
+  for path in hf.tokenizer_files(src):
+    shutil.copy(path, os.path.join(dst, os.path.basename(path)))
+  return architecture
+
+
+def main(argv: list[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(
+      prog="convert", description="Convert BERT checkpoints between Hugging Face and bertjax.")
+  direction = parser.add_mutually_exclusive_group(required=True)
+  direction.add_argument("--from", dest="source", choices=["hf"],
+                         help="convert a checkpoint of this format to bertjax")
+  direction.add_argument("--to", dest="target", choices=["hf"],
+                         help="convert a bertjax checkpoint to this format")
+  parser.add_argument("--src", required=True, help="the directory to convert")
+  parser.add_argument("--dst", required=True, help="a new (or empty) directory to write")
+  args = parser.parse_args(argv)
+  try:
+    if args.source == "hf":
+      report = from_hf_dir(args.src, args.dst)
+      print(f"converted {len(report.loaded)} parameters from {args.src} to {args.dst}")
+      if report.missing:
+        print(f"not in the checkpoint, freshly initialised when loaded ({len(report.missing)}): "
+              + ", ".join(report.missing))
+      if report.unused:
+        print(f"task-head tensors not converted (bertjax has no such head yet) "
+              f"({len(report.unused)}): " + ", ".join(report.unused))
+    else:
+      architecture = to_hf_dir(args.src, args.dst)
+      print(f"wrote {architecture} weights from {args.src} to {args.dst}")
+  except UserError as e:
+    print(f"convert: error: {e}", file=sys.stderr)
+    return 2
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,536 @@
+"""Hugging Face transformers BERT <-> bertjax weights, by a table of rules.
+
+Each rule pairs one Hugging Face tensor name with one bertjax parameter path (`{i}` stands for a
+layer index) and names the transform between them:
+
+  'transpose'  a torch `nn.Linear.weight` [out, in] <-> a Flax Dense kernel [in, out]
+  'copy'       the same array: embedding tables [rows, H], biases, LayerNorm weight <-> scale
+
+Both transforms are their own inverse, so the one table converts both ways. bertjax's q/k/v
+and attention-output kernels are plain [H, H] matrices whose output axis is the flattened
+(num_heads, head_dim), exactly the row order of Hugging Face's Linear weights, so they need only
+the transpose (no per-head reshape).
+
+What is converted (`from_hf`):
+  - the encoder (`bert.` prefixed names, or prefix-less as a bare `BertModel` saves them);
+  - the pooler, the masked-LM head (`cls.predictions.*`) and the next-sentence head
+    (`cls.seq_relationship.*`) when the checkpoint has them. Each of these groups must be whole
+    or absent; an absent group is reported `missing` and left out of the parameters, so that
+    `bertjax.checkpoint.load_params` leaves it freshly initialised (BertForMaskedLM has no pooler
+    and no NSP head; BertModel has no heads).
+  - the MLM decoder is tied to the word embeddings in bertjax; a checkpoint that stores
+    `cls.predictions.decoder.weight` (older ones do) must hold a copy of the word embeddings
+    (checked, then ignored), and `cls.predictions.decoder.bias` a copy of
+    `cls.predictions.bias`; an untied decoder is a UserError.
+  - task heads of Hugging Face fine-tuned models (`classifier.*` of BertForSequenceClassification,
+    BertForTokenClassification, BertForMultipleChoice; `qa_outputs.*` of
+    BertForQuestionAnswering) have no bertjax counterpart yet: the encoder is converted and the
+    head tensors are reported `unused`, not converted.
+  - the `position_ids` / `token_type_ids` buffers some checkpoints carry are ignored.
+Any other tensor, any encoder parameter left unfilled, a group filled only in part, and any shape
+mismatch raise one UserError that names each of them.
+
+`to_hf` writes BertForPreTraining names (`bert.*`, `cls.*`); the tied decoder is not written,
+since transformers ties it to the word embeddings on load (`tie_word_embeddings`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import shutil
+from typing import Any, Iterable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import traverse_util
+
+from bertjax.errors import UserError
+from bertjax.models import heads
+from bertjax.models.bert import BertConfig
+
+_MAX_LISTED = 8  # problems named in one error message
+
+# (Hugging Face name without the 'bert.' prefix of the encoder, bertjax path, transform).
+RULES: tuple[tuple[str, str, str], ...] = (
+    ("embeddings.word_embeddings.weight", "bert/embeddings/word_embeddings/embedding", "copy"),
+    ("embeddings.position_embeddings.weight", "bert/embeddings/position_embeddings/embedding",
+     "copy"),
+    ("embeddings.token_type_embeddings.weight", "bert/embeddings/token_type_embeddings/embedding",
+     "copy"),
+    ("embeddings.LayerNorm.weight", "bert/embeddings/layer_norm/scale", "copy"),
+    ("embeddings.LayerNorm.bias", "bert/embeddings/layer_norm/bias", "copy"),
+    *((f"encoder.layer.{{i}}.attention.self.{p}.weight",
+       f"bert/encoder/layer_{{i}}/attention/{p}/kernel", "transpose") for p in ("query", "key",
+                                                                                "value")),
+    *((f"encoder.layer.{{i}}.attention.self.{p}.bias",
+       f"bert/encoder/layer_{{i}}/attention/{p}/bias", "copy") for p in ("query", "key", "value")),
+    ("encoder.layer.{i}.attention.output.dense.weight",
+     "bert/encoder/layer_{i}/attention/output/kernel", "transpose"),
+    ("encoder.layer.{i}.attention.output.dense.bias",
+     "bert/encoder/layer_{i}/attention/output/bias", "copy"),
+    ("encoder.layer.{i}.attention.output.LayerNorm.weight",
+     "bert/encoder/layer_{i}/attention_layer_norm/scale", "copy"),
+    ("encoder.layer.{i}.attention.output.LayerNorm.bias",
+     "bert/encoder/layer_{i}/attention_layer_norm/bias", "copy"),
+    ("encoder.layer.{i}.intermediate.dense.weight",
+     "bert/encoder/layer_{i}/feed_forward/intermediate/kernel", "transpose"),
+    ("encoder.layer.{i}.intermediate.dense.bias",
+     "bert/encoder/layer_{i}/feed_forward/intermediate/bias", "copy"),
+    ("encoder.layer.{i}.output.dense.weight",
+     "bert/encoder/layer_{i}/feed_forward/output/kernel", "transpose"),
+    ("encoder.layer.{i}.output.dense.bias",
+     "bert/encoder/layer_{i}/feed_forward/output/bias", "copy"),
+    ("encoder.layer.{i}.output.LayerNorm.weight",
+     "bert/encoder/layer_{i}/output_layer_norm/scale", "copy"),
+    ("encoder.layer.{i}.output.LayerNorm.bias",
+     "bert/encoder/layer_{i}/output_layer_norm/bias", "copy"),
+    ("pooler.dense.weight", "bert/pooler/dense/kernel", "transpose"),
+    ("pooler.dense.bias", "bert/pooler/dense/bias", "copy"),
+    ("cls.predictions.transform.dense.weight", "masked_lm/transform/kernel", "transpose"),
+    ("cls.predictions.transform.dense.bias", "masked_lm/transform/bias", "copy"),
+    ("cls.predictions.transform.LayerNorm.weight", "masked_lm/layer_norm/scale", "copy"),
+    ("cls.predictions.transform.LayerNorm.bias", "masked_lm/layer_norm/bias", "copy"),
+    ("cls.predictions.bias", "masked_lm/output_bias", "copy"),
+    ("cls.seq_relationship.weight", "next_sentence/classifier/kernel", "transpose"),
+    ("cls.seq_relationship.bias", "next_sentence/classifier/bias", "copy"),
+)
+_TRANSFORMS = {"copy": lambda x: x, "transpose": lambda x: x.T}
+
+# Parameter groups of bertjax's BertForPreTraining, by path prefix. The encoder core is required;
+# the others are converted when the checkpoint has them, whole, and reported missing otherwise.
+REQUIRED_GROUP = "bert/embeddings+encoder"
+OPTIONAL_GROUPS = ("bert/pooler/", "masked_lm/", "next_sentence/")
+# The tied decoder (checked against its source, then ignored).
+_DECODER_WEIGHT = "cls.predictions.decoder.weight"
+_DECODER_BIAS = "cls.predictions.decoder.bias"
+# Buffers, not weights.
+_IGNORED = re.compile(r"^(bert\.)?embeddings\.(position_ids|token_type_ids)$")
+# Task heads of Hugging Face fine-tuned models with no bertjax counterpart yet.
+_TASK_HEADS = re.compile(r"^(classifier|qa_outputs)\.")
+# Hugging Face hidden_act -> bertjax hidden_act.
+_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
+TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json",
+                   "special_tokens_map.json", "vocab.model")
+
+
+@dataclasses.dataclass(frozen=True)
+class ConversionReport:
+  """What `from_hf` did.
+
+  Attributes:
+    loaded: bertjax parameter paths filled from the checkpoint.
+    missing: bertjax parameter paths the checkpoint lacks (a whole pooler or head); they are left
+      out of the converted parameters and come out freshly initialised when loaded.
+    unused: Hugging Face tensors of task heads bertjax has no place for yet (not converted).
+    ignored: Hugging Face buffers and tied copies, checked where they carry weights.
+  """
+  loaded: list[str]
+  missing: list[str]
+  unused: list[str]
+  ignored: list[str]
+
+
+def _template_regex(template: str) -> re.Pattern:
+  return re.compile("^" + re.escape(template).replace(re.escape("{i}"), r"(?P<i>\d+)") + "$")
+
+
+_HF_PATTERNS = [(_template_regex(hf), bj, t) for hf, bj, t in RULES]
+_BJ_PATTERNS = [(_template_regex(bj), hf, t) for hf, bj, t in RULES]
+
+
+def _fill(template: str, match: re.Match) -> str:
+  return template.replace("{i}", match.group("i")) if "{i}" in template else template
+
+
+def _listing(problems: list[str]) -> str:
+  more = f"; and {len(problems) - _MAX_LISTED} more" if len(problems) > _MAX_LISTED else ""
+  return "; ".join(problems[:_MAX_LISTED]) + more
+
+
+# --- configs -----------------------------------------------------------------------------------
+
+def hf_config_to_bert_config(hf_config: dict[str, Any]) -> BertConfig:
+  """A transformers BertConfig (its config.json as a dict) -> bertjax BertConfig.
+
+  Raises:
+    UserError: not a BERT config, an architecture bertjax does not have (decoder, cross
+      attention, relative positions), an unknown activation, or a missing field.
+  """
+  model_type = hf_config.get("model_type", "bert")
+  if model_type != "bert":
+    raise UserError(f"config.json has model_type={model_type!r}; only 'bert' checkpoints convert "
+                    "(bertjax has no other architecture).")
+  for key, bad in (("is_decoder", True), ("add_cross_attention", True)):
+    if hf_config.get(key, False) == bad:
+      raise UserError(f"config.json sets {key}={bad}; bertjax has only the bidirectional "
+                      "encoder, so convert an encoder-only BERT checkpoint.")
+  position_type = hf_config.get("position_embedding_type", "absolute")
+  if position_type != "absolute":
+    raise UserError(f"config.json has position_embedding_type={position_type!r}; bertjax has "
+                    "only 'absolute' position embeddings.")
+  act = hf_config.get("hidden_act", "gelu")
+  if act not in _ACTIVATIONS:
+    raise UserError(f"config.json has hidden_act={act!r}; bertjax supports {sorted(_ACTIVATIONS)}"
+                    " (exact or tanh GELU).")
+  fields = dict(vocab_size="vocab_size", hidden_size="hidden_size",
+                num_layers="num_hidden_layers", num_heads="num_attention_heads",
+                intermediate_size="intermediate_size",
+                max_position_embeddings="max_position_embeddings")
+  absent = sorted(hf for hf in fields.values() if hf not in hf_config)
+  if absent:
+    raise UserError(f"config.json lacks {absent}; give the config.json saved with the model.")
+  try:
+    return BertConfig(
+        **{ours: hf_config[hf] for ours, hf in fields.items()},
+        type_vocab_size=hf_config.get("type_vocab_size", 2),
+        dropout_rate=hf_config.get("hidden_dropout_prob", 0.1),
+        attention_dropout_rate=hf_config.get("attention_probs_dropout_prob", 0.1),
+        layer_norm_eps=hf_config.get("layer_norm_eps", 1e-12),
+        initializer_range=hf_config.get("initializer_range", 0.02),
+        hidden_act=_ACTIVATIONS[act])
+  except ValueError as e:
+    raise UserError(f"config.json does not describe a valid BERT: {e}") from None
+
+
+def bert_config_to_hf_config(config: BertConfig,
+                             architectures: Iterable[str] = ("BertForPreTraining",)
+                             ) -> dict[str, Any]:
+  """bertjax BertConfig -> a transformers BertConfig dict (what config.json holds)."""
+  return {
+      "architectures": list(architectures),
+      "model_type": "bert",
+      "vocab_size": config.vocab_size,
+      "hidden_size": config.hidden_size,
+      "num_hidden_layers": config.num_layers,
+      "num_attention_heads": config.num_heads,
+      "intermediate_size": config.intermediate_size,
+      "max_position_embeddings": config.max_position_embeddings,
+      "type_vocab_size": config.type_vocab_size,
+      "hidden_dropout_prob": config.dropout_rate,
+      "attention_probs_dropout_prob": config.attention_dropout_rate,
+      "layer_norm_eps": config.layer_norm_eps,
+      "initializer_range": config.initializer_range,
+      "hidden_act": {"gelu": "gelu", "gelu_tanh": "gelu_new"}[config.hidden_act],
+      "position_embedding_type": "absolute",
+      "pad_token_id": 0,
+      "tie_word_embeddings": True,
+  }
+
+
+def load_hf_config(hf_dir: str) -> dict[str, Any]:
+  """HF_DIR/config.json as a dict."""
+  path = os.path.join(hf_dir, "config.json")
+  if not os.path.isfile(path):
+    raise UserError(f"no config.json in {hf_dir}; give a directory written by "
+                    "transformers' save_pretrained.")
+  try:
+    with open(path, encoding="utf-8") as f:
+      return json.load(f)
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise UserError(f"{path} is not valid JSON ({e}); give the config.json saved with the "
+                    "model.") from None
+
+
+# --- Hugging Face weights on disk ---------------------------------------------------------------
+
+def _shards(hf_dir: str, single: str, index: str) -> list[str] | None:
+  if os.path.isfile(os.path.join(hf_dir, single)):
+    return [os.path.join(hf_dir, single)]
+  index_path = os.path.join(hf_dir, index)
+  if os.path.isfile(index_path):
+    with open(index_path, encoding="utf-8") as f:
+      files = sorted(set(json.load(f)["weight_map"].values()))
+    return [os.path.join(hf_dir, name) for name in files]
+  return None
+
+
+def _load_torch_file(path: str) -> dict[str, np.ndarray]:
+  """A pytorch_model.bin read with torch's weights-only unpickler (no code runs)."""
+  try:
+    import torch  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    raise UserError(f"{path} is a torch pickle and torch is not installed; install torch (CPU "
+                    "build) or convert the checkpoint to model.safetensors.") from None
+  try:
+    state = torch.load(path, map_location="cpu", weights_only=True)
+  except Exception as e:  # UnpicklingError, RuntimeError, ...: anything torch refuses
+    raise UserError(f"{path} could not be read as plain weights ({type(e).__name__}: "
+                    f"{str(e).splitlines()[0] if str(e) else ''}); it may hold code, not only "
+                    "tensors. Use a model.safetensors from a source you trust.") from None
+  if not isinstance(state, dict):
+    raise UserError(f"{path} holds a {type(state).__name__}, not a dict of tensors; give a "
+                    "state dict saved by save_pretrained.")
+  return {name: t.detach().to(torch.float32).numpy() for name, t in state.items()
+          if isinstance(t, torch.Tensor)}
+
+
+def load_hf_state_dict(hf_dir: str) -> dict[str, np.ndarray]:
+  """The weights of a save_pretrained directory as {name: float32 numpy array}.
+
+  model.safetensors (or its sharded index) first, read with safetensors.numpy; otherwise
+  pytorch_model.bin (or its index) through `torch.load(..., weights_only=True)`, so a pickle
+  that would run code raises instead.
+
+  Raises:
+    UserError: no weights file, an unreadable file, or a pickle that is not plain weights.
+  """
+  from safetensors import SafetensorError  # pylint: disable=import-outside-toplevel
+  from safetensors.numpy import load_file  # pylint: disable=import-outside-toplevel
+  state: dict[str, np.ndarray] = {}
+  files = _shards(hf_dir, "model.safetensors", "model.safetensors.index.json")
+  if files is not None:
+    for path in files:
+      try:
+        state.update(load_file(path))
+      except (SafetensorError, OSError, ValueError, TypeError) as e:
+        raise UserError(f"{path} could not be read as safetensors ({e}); re-download or "
+                        "re-save the model.") from None
+    return {name: np.asarray(x, np.float32) for name, x in state.items()}
+  files = _shards(hf_dir, "pytorch_model.bin", "pytorch_model.bin.index.json")
+  if files is None:
+    raise UserError(f"no model.safetensors or pytorch_model.bin in {hf_dir}; give a directory "
+                    "written by transformers' save_pretrained.")
+  for path in files:
+    state.update(_load_torch_file(path))
+  return state
+
+
+# --- the conversion -----------------------------------------------------------------------------
+
+def expected_shapes(config: BertConfig) -> dict[str, tuple[int, ...]]:
+  """{path: shape} of every parameter of bertjax's BertForPreTraining (no arrays built)."""
+  ids = jnp.zeros((1, 2), jnp.int32)
+  model = heads.BertForPreTraining(config)
+  tree = jax.eval_shape(
+      lambda: model.init(jax.random.PRNGKey(0), ids, ids, ids, deterministic=True))
+  flat = traverse_util.flatten_dict(nn.unbox(tree)["params"], sep="/")
+  return {path: tuple(x.shape) for path, x in flat.items()}
+
+
+def _group(path: str) -> str:
+  return next((g for g in OPTIONAL_GROUPS if path.startswith(g)), REQUIRED_GROUP)
+
+
+def _hf_rule(name: str) -> tuple[str, str] | None:
+  """(bertjax path, transform) for a Hugging Face name, or None when no rule matches."""
+  short = name[len("bert."):] if name.startswith("bert.") else name
+  for pattern, path, transform in _HF_PATTERNS:
+    match = pattern.match(short)
+    if match:
+      return _fill(path, match), transform
+  return None
+
+
+def from_hf(state_dict: dict[str, np.ndarray], config: BertConfig
+            ) -> tuple[dict[str, Any], ConversionReport]:
+  """Converts Hugging Face BERT weights to bertjax's BertForPreTraining parameters.
+
+  Args:
+    state_dict: {Hugging Face name: array}, e.g. from `load_hf_state_dict`; names of BertModel
+      (prefix-less or 'bert.'), BertForPreTraining, BertForMaskedLM, or a task-head model.
+      Old names 'LayerNorm.gamma' / 'LayerNorm.beta' are read as 'weight' / 'bias'.
+    config: the model's BertConfig (`hf_config_to_bert_config`).
+  Returns:
+    (params: nested dict of float32 numpy arrays in the layout of BertForPreTraining's "params",
+     without the groups the checkpoint lacks; report).
+  Raises:
+    UserError: naming every unmapped tensor, shape mismatch, unfilled encoder parameter, partly
+      filled group, and untied decoder.
+  """
+  expected = expected_shapes(config)
+  problems: list[str] = []
+  flat: dict[str, np.ndarray] = {}
+  sources: dict[str, str] = {}
+  unused, ignored, tied = [], [], {}
+  normals = {re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight",
+                    re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", name)): name
+             for name in state_dict}
+  if _DECODER_BIAS in normals and "cls.predictions.bias" not in normals:
+    # Some checkpoints keep only the decoder's (tied) copy of the output bias: read it as such.
+    normals["cls.predictions.bias"] = normals.pop(_DECODER_BIAS)
+  for normal, name in sorted(normals.items()):
+    array = np.asarray(state_dict[name])
+    if _IGNORED.match(normal):
+      ignored.append(name)
+      continue
+    if normal in (_DECODER_WEIGHT, _DECODER_BIAS):
+      tied[normal] = (name, array)
+      ignored.append(name)
+      continue
+    if _TASK_HEADS.match(normal):
+      unused.append(name)
+      continue
+    rule = _hf_rule(normal)
+    if rule is None:
+      problems.append(f"{name} {array.shape} matches no rule")
+      continue
+    path, transform = rule
+    if path not in expected:
+      problems.append(f"{name} maps to {path}, which the model does not have (is "
+                      f"num_layers={config.num_layers} right?)")
+      continue
+    if path in flat:
+      problems.append(f"{name} and {sources[path]} both map to {path}")
+      continue
+    value = _TRANSFORMS[transform](array).astype(np.float32)
+    if value.shape != expected[path]:
+      problems.append(f"{name} {array.shape} -> {path} {value.shape} ({transform}), the model "
+                      f"expects {expected[path]}")
+      continue
+    flat[path], sources[path] = np.ascontiguousarray(value), name
+
+  missing = []
+  unfilled = sorted(set(expected) - set(flat))
+  for path in unfilled:
+    group = _group(path)
+    if group == REQUIRED_GROUP:
+      problems.append(f"{path} {expected[path]} is not in the checkpoint")
+    elif any(p.startswith(group) for p in flat):
+      problems.append(f"{path} {expected[path]} is not in the checkpoint, though other "
+                      f"parameters of {group} are")
+    else:
+      missing.append(path)
+
+  # The tied decoder: a stored copy must equal what bertjax ties it to.
+  word = flat.get("bert/embeddings/word_embeddings/embedding")
+  if _DECODER_WEIGHT in tied and word is not None:
+    name, array = tied[_DECODER_WEIGHT]
+    if array.shape != word.shape or not np.array_equal(array, word):
+      problems.append(f"{name} differs from the word embeddings; bertjax ties the MLM decoder to "
+                      "them, so an untied decoder cannot be converted")
+  if _DECODER_BIAS in tied:
+    name, array = tied[_DECODER_BIAS]
+    bias = flat.get("masked_lm/output_bias")
+    if bias is None or array.shape != bias.shape or not np.array_equal(array, bias):
+      problems.append(f"{name} differs from cls.predictions.bias; they must be one tied bias")
+
+  if problems:
+    raise UserError(
+        f"cannot convert the Hugging Face checkpoint ({len(problems)} problems): "
+        f"{_listing(problems)}. Check that config.json belongs to these weights and that they "
+        "are a BERT (BertModel, BertForPreTraining, BertForMaskedLM or a BERT task model).")
+  report = ConversionReport(loaded=sorted(flat), missing=missing, unused=unused,
+                            ignored=ignored)
+  return traverse_util.unflatten_dict(flat, sep="/"), report
+
+
+def to_hf(params: dict[str, Any], config: BertConfig) -> dict[str, np.ndarray]:
+  """bertjax BertForPreTraining parameters -> Hugging Face BertForPreTraining tensors.
+
+  Args:
+    params: nested dict ('bert', 'masked_lm', 'next_sentence'), as `from_hf` or a train state
+      holds them; the pooler and the heads may be absent (their tensors are then not written).
+    config: the model's BertConfig.
+  Returns:
+    {name: float32 contiguous numpy array}, 'bert.*' and 'cls.*' names; no tied decoder.
+  Raises:
+    UserError: a parameter no rule maps, a wrong shape, or a missing encoder parameter.
+  """
+  expected = expected_shapes(config)
+  flat = traverse_util.flatten_dict(params, sep="/")
+  problems, out = [], {}
+  for path in sorted(flat):
+    value = np.asarray(flat[path], np.float32)
+    if path not in expected:
+      problems.append(f"{path} {value.shape} is not a parameter of BertForPreTraining")
+      continue
+    if value.shape != expected[path]:
+      problems.append(f"{path} {value.shape}, the config expects {expected[path]}")
+      continue
+    for pattern, hf, transform in _BJ_PATTERNS:
+      match = pattern.match(path)
+      if match:
+        name = _fill(hf, match)
+        out[name if name.startswith("cls.") else "bert." + name] = np.ascontiguousarray(
+            _TRANSFORMS[transform](value))
+        break
+    else:  # every BertForPreTraining parameter has a rule; a test checks this
+      problems.append(f"{path} matches no rule")
+  for path in sorted(set(expected) - set(flat)):
+    group = _group(path)
+    if group == REQUIRED_GROUP or any(p.startswith(group) for p in flat):
+      problems.append(f"{path} {expected[path]} is missing")
+  if problems:
+    raise UserError(f"cannot convert the bertjax parameters ({len(problems)} problems): "
+                    f"{_listing(problems)}. Check that bert_config.json belongs to this "
+                    "checkpoint.")
+  return out
+
+
+def hf_architecture(params: dict[str, Any]) -> str:
+  """The transformers class whose names `to_hf(params)` writes, by the heads present."""
+  has_mlm, has_nsp = "masked_lm" in params, "next_sentence" in params
+  if has_mlm and has_nsp:
+    return "BertForPreTraining"
+  if has_mlm:
+    return "BertForMaskedLM"
+  if has_nsp:
+    return "BertForNextSentencePrediction"
+  return "BertModel"
+
+
+# --- bertjax checkpoints on disk ----------------------------------------------------------------
+
+BERT_CONFIG_FILE = "bert_config.json"
+
+
+def tokenizer_files(directory: str) -> list[str]:
+  """The tokenizer files (TOKENIZER_FILES) that exist in `directory`."""
+  return [os.path.join(directory, n) for n in TOKENIZER_FILES
+          if os.path.isfile(os.path.join(directory, n))]
+
+
+def save_bertjax_checkpoint(out_dir: str, params: dict[str, Any], config: BertConfig,
+                            tokenizer_paths: Iterable[str] = ()) -> None:
+  """Writes a bertjax checkpoint that `config.init_checkpoint=OUT` can start from.
+
+  OUT/checkpoints/0/state: {'step': int32 0, 'params': params} (bertjax.checkpoint.Checkpoints);
+  OUT/bert_config.json: the BertConfig fields; and each of `tokenizer_paths` copied into OUT.
+  """
+  from bertjax import checkpoint  # pylint: disable=import-outside-toplevel
+  os.makedirs(out_dir, exist_ok=True)
+  state = {"step": jnp.asarray(0, jnp.int32), "params": jax.tree.map(jnp.asarray, params)}
+  with checkpoint.Checkpoints(os.path.join(os.path.abspath(out_dir), checkpoint.CHECKPOINTS_DIR),
+                              save_every_steps=1, keep=None, async_save=False) as ckpts:
+    ckpts.save(0, state, None, force=True)
+  with open(os.path.join(out_dir, BERT_CONFIG_FILE), "w", encoding="utf-8") as f:
+    json.dump(dataclasses.asdict(config), f, indent=2)
+    f.write("\n")
+  for path in tokenizer_paths:
+    shutil.copy(path, os.path.join(out_dir, os.path.basename(path)))
+
+
+def load_bert_config(directory: str) -> BertConfig:
+  """DIRECTORY/bert_config.json -> BertConfig."""
+  path = os.path.join(directory, BERT_CONFIG_FILE)
+  if not os.path.isfile(path):
+    raise UserError(f"no {BERT_CONFIG_FILE} in {directory}; give a directory written by "
+                    "`python -m bertjax.convert --from=hf` (or write the model's BertConfig "
+                    "fields there as JSON).")
+  with open(path, encoding="utf-8") as f:
+    fields = json.load(f)
+  try:
+    return BertConfig(**fields)
+  except (TypeError, ValueError) as e:
+    raise UserError(f"{path} is not a valid BertConfig ({e}); fix or rewrite it.") from None
+
+
+def load_bertjax_checkpoint(directory: str) -> tuple[dict[str, Any], BertConfig]:
+  """The parameters and BertConfig of a bertjax checkpoint directory with bert_config.json.
+
+  Groups the checkpoint lacks (pooler, heads) are absent from the returned params.
+  """
+  from bertjax import checkpoint  # pylint: disable=import-outside-toplevel
+  config = load_bert_config(directory)
+  shapes = expected_shapes(config)
+  target = traverse_util.unflatten_dict(
+      {p: jnp.zeros(s, config.storage_dtype) for p, s in shapes.items()}, sep="/")
+  params, report = checkpoint.load_params(directory, target)
+  flat = traverse_util.flatten_dict(params, sep="/")
+  missing = set(report.missing)
+  kept = {p: np.asarray(x, np.float32) for p, x in flat.items() if p not in missing}
+  return traverse_util.unflatten_dict(kept, sep="/"), config
