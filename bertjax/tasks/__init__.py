@@ -9,10 +9,11 @@ from typing import Callable
 import ml_collections
 
 from bertjax.errors import UserError
-from bertjax.tasks import pretraining
+from bertjax.tasks import features, pretraining
 
 REGISTRY: dict[str, Callable[[ml_collections.ConfigDict, str], None]] = {
     "pretraining": pretraining.run,
+    "features": features.run,
 }
 
 
