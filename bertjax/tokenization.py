@@ -1,8 +1,14 @@
-"""Tokenizers: one interface (`Tokenizer`) over sentencepiece models (and, later, WordPiece).
+"""Tokenizers: one interface (`Tokenizer`) over sentencepiece models and WordPiece vocab.txt.
 
   tok = load_or_train_sentencepiece(lambda: sentences, "workdir/vocab.model", 8000)
   ids = tok.encode("It is a truth universally acknowledged.")   # [num_pieces] ids
   tok.decode(ids)                                                # the text again
+  tok = load_tokenizer("uncased_L-12_H-768_A-12/vocab.txt")     # Google's BERT: WordPiece
+
+WordPiece (`WordPieceTokenizer`) follows BERT's rules through the `tokenizers` library: clean
+the text, split CJK characters, lower-case and strip accents (uncased) or neither (cased), split
+on whitespace and punctuation, then greedy longest-match pieces with "##" marking a piece that
+continues a word; a word over 100 characters, or one the vocabulary cannot spell, is [UNK].
 
 Special tokens: `[PAD]` is always id 0; `[UNK] [CLS] [SEP] [MASK]` are at the ids the tokenizer
 reports (1, 2, 3, 4 in models trained here). Models trained here hold `[CLS] [SEP] [MASK]` as
@@ -14,6 +20,7 @@ from __future__ import annotations
 
 import abc
 import io
+import json
 import os
 from collections.abc import Callable, Iterable, Sequence
 
@@ -23,6 +30,8 @@ from bertjax.errors import UserError
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 MODEL_FILE = "vocab.model"  # the name `save` writes
+VOCAB_FILE = "vocab.txt"  # the name WordPieceTokenizer.save writes (Google's and HF's name)
+CONFIG_FILE = "tokenizer_config.json"  # beside vocab.txt: {"do_lower_case": ...} (HF's name)
 MIN_VOCAB_SIZE = 64  # smaller cannot hold a corpus's characters and the special pieces
 _WORD_START = "\u2581"  # "▁": sentencepiece's mark of a piece that begins a word
 
@@ -156,6 +165,199 @@ class SentencePieceTokenizer(Tokenizer):
     path = os.path.join(directory, MODEL_FILE)
     _write_atomically(path, self._proto)
     return path
+
+
+class WordPieceTokenizer(Tokenizer):
+  """A `Tokenizer` over a BERT vocab.txt (one piece a line, the id is the line's index).
+
+  Pieces come from the `tokenizers` library with BERT's rules (BertNormalizer, BertPreTokenizer,
+  WordPiece with "##" and at most 100 characters a word). Text never yields [CLS] [SEP] [MASK]:
+  the text "[MASK]" is the pieces of "[", "mask", "]", as in Google's BERT; add special ids
+  yourself. Text that differs only by Unicode composition (NFC "é" vs "e" + U+0301) gives
+  different pieces when cased, as in Google's BERT (uncased strips the accent either way).
+
+  Args:
+    vocab_file: path of a vocab.txt holding [PAD] (at line 1, id 0), [UNK], [CLS], [SEP] and
+      [MASK], e.g. Google's (ids 0, 100, 101, 102, 103).
+    lowercase: True for uncased models (lower-case and strip accents), False for cased ones
+      (neither).
+
+  Raises:
+    UserError: the file is missing, empty, not UTF-8, repeats a piece or lacks a special piece.
+  """
+
+  def __init__(self, vocab_file: str, *, lowercase: bool = True):
+    # pylint: disable=import-outside-toplevel
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, normalizers, pre_tokenizers
+
+    vocab_file = os.fspath(vocab_file)
+    self._tokens = _read_vocab(vocab_file)  # [vocab_size] pieces
+    self.vocab_file, self.lowercase = vocab_file, bool(lowercase)
+    self.vocab_size = len(self._tokens)
+    self._ids = {token: i for i, token in enumerate(self._tokens)}
+    missing = [t for t in (PAD, UNK, CLS, SEP, MASK) if t not in self._ids]
+    if missing:
+      raise UserError(f"{vocab_file} lacks {', '.join(missing)}; give a BERT vocab.txt holding "
+                      f"{PAD} {UNK} {CLS} {SEP} {MASK}, one piece a line.")
+    if self._ids[PAD] != 0:
+      raise UserError(f"{vocab_file} has {PAD} on line {self._ids[PAD] + 1}; it must be the first "
+                      "line (id 0), as in Google's vocab.txt.")
+    self.pad_id, self.unk_id = self._ids[PAD], self._ids[UNK]
+    self.cls_id, self.sep_id, self.mask_id = self._ids[CLS], self._ids[SEP], self._ids[MASK]
+    tok = HFTokenizer(models.WordPiece(self._ids, unk_token=UNK, continuing_subword_prefix="##",
+                                       max_input_chars_per_word=100))
+    tok.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=self.lowercase,
+        lowercase=self.lowercase)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=True)
+    self._tok = tok
+    # [vocab_size]; [PAD] [UNK] [CLS] [SEP] [MASK] do not start with "##": word starts
+    self._word_start = np.array([not t.startswith("##") for t in self._tokens], bool)
+    self._dropped = frozenset({self.pad_id, self.cls_id, self.sep_id, self.mask_id})
+
+  def encode(self, text: str) -> list[int]:
+    return self._tok.encode(text, add_special_tokens=False).ids
+
+  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    encodings = self._tok.encode_batch(list(texts), add_special_tokens=False)  # Rust threads
+    return [e.ids for e in encodings]
+
+  def decode(self, ids: Iterable[int]) -> str:
+    kept = []
+    for i in ids:
+      i = int(i)
+      if not 0 <= i < self.vocab_size:
+        raise IndexError(f"id {i} is outside the vocabulary [0, {self.vocab_size})")
+      if i not in self._dropped:
+        kept.append(i)
+    return self._tok.decode(kept, skip_special_tokens=False)
+
+  def id_to_token(self, i: int) -> str:
+    if not 0 <= int(i) < self.vocab_size:
+      raise IndexError(f"id {i} is outside the vocabulary [0, {self.vocab_size})")
+    return self._tokens[int(i)]
+
+  def token_to_id(self, token: str) -> int:
+    return self._ids.get(token, self.unk_id)
+
+  def is_word_start(self, ids: np.ndarray) -> np.ndarray:
+    return self._word_start[np.asarray(ids)]
+
+  def save(self, directory: str) -> str:
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, VOCAB_FILE)
+    _write_atomically(path, "".join(t + "\n" for t in self._tokens).encode("utf-8"))
+    config = {"do_lower_case": self.lowercase, "strip_accents": None,
+              "tokenize_chinese_chars": True, "tokenizer_class": "BertTokenizer"}
+    _write_atomically(os.path.join(directory, CONFIG_FILE),
+                      (json.dumps(config, indent=2) + "\n").encode("utf-8"))
+    return path
+
+
+def _read_vocab(vocab_file: str) -> list[str]:
+  """A vocab.txt -> its pieces, the id of each its line's index; UserError for a bad file."""
+  if os.path.isdir(vocab_file):
+    raise UserError(f"vocab file {vocab_file} is a directory; give the vocab.txt in it, e.g. "
+                    f"{os.path.join(vocab_file, VOCAB_FILE)}.")
+  if not os.path.isfile(vocab_file):
+    raise UserError(f"vocab file {vocab_file} does not exist; give a BERT vocab.txt (one piece "
+                    "a line), e.g. the one beside a Google checkpoint.")
+  with open(vocab_file, "rb") as f:
+    data = f.read()
+  try:
+    text = data.decode("utf-8")
+  except UnicodeDecodeError as e:
+    line = data.count(b"\n", 0, e.start) + 1
+    raise UserError(f"{vocab_file} is not UTF-8 (line {line}); give a BERT vocab.txt, which is "
+                    "UTF-8, or convert it (iconv -t UTF-8).") from None
+  tokens = [line.rstrip("\r") for line in text.split("\n")]  # not splitlines: no "\x85" splits
+  if tokens and not tokens[-1]:
+    tokens.pop()  # the newline ending the last line
+  if not tokens:
+    raise UserError(f"{vocab_file} is empty; give a BERT vocab.txt (one piece a line).")
+  first = {}
+  for i, token in enumerate(tokens):
+    if token in first:
+      raise UserError(f"{vocab_file} repeats the piece {token!r} (lines {first[token] + 1} and "
+                      f"{i + 1}); give a vocab.txt with each piece once.")
+    first[token] = i
+  return tokens
+
+
+def load_tokenizer(path: str, *, lowercase: bool | None = None) -> Tokenizer:
+  """The tokenizer at `path`, by what `path` is.
+
+  - a .model file (or a directory holding vocab.model): `SentencePieceTokenizer`;
+  - a vocab.txt (any .txt file), or a directory holding vocab.txt: `WordPieceTokenizer`, cased
+    or uncased as `lowercase` says, else as do_lower_case in tokenizer_config.json beside it,
+    else as the vocabulary suggests (cased if over 1% of its pieces hold an upper-case letter;
+    Google's uncased vocab.txt holds none outside [PAD]-like special pieces).
+
+  Args:
+    path: file or directory, as above.
+    lowercase: for WordPiece, True (uncased) or False (cased); None to decide as above.
+
+  Returns:
+    The tokenizer.
+
+  Raises:
+    UserError: `path` is none of the above, or its files are bad.
+  """
+  path = os.fspath(path)
+  if os.path.isdir(path):
+    if os.path.isfile(os.path.join(path, VOCAB_FILE)):
+      path = os.path.join(path, VOCAB_FILE)
+    elif os.path.isfile(os.path.join(path, MODEL_FILE)):
+      path = os.path.join(path, MODEL_FILE)
+    else:
+      raise UserError(f"{path} holds neither {VOCAB_FILE} (WordPiece) nor {MODEL_FILE} "
+                      "(sentencepiece); give the tokenizer's file or the directory holding it.")
+  elif not os.path.exists(path):
+    raise UserError(f"tokenizer {path} does not exist; give a {VOCAB_FILE} (WordPiece), a .model "
+                    "file (sentencepiece) or a directory holding one.")
+  if path.endswith(".model"):
+    return SentencePieceTokenizer(path)
+  if not path.endswith(".txt"):
+    raise UserError(f"cannot tell what tokenizer {path} is; give a {VOCAB_FILE} (WordPiece), a "
+                    ".model file (sentencepiece) or a directory holding one.")
+  if lowercase is None:
+    lowercase = _do_lower_case(os.path.join(os.path.dirname(path), CONFIG_FILE))
+  tok = WordPieceTokenizer(path, lowercase=True if lowercase is None else lowercase)
+  if lowercase is None:  # no word from the user or a config: guess from the pieces
+    pieces = map(tok.id_to_token, range(tok.vocab_size))
+    upper = sum(t != t.lower() for t in pieces if not t.startswith("["))
+    if upper > 0.01 * tok.vocab_size:
+      tok = WordPieceTokenizer(path, lowercase=False)
+  return tok
+
+
+def _do_lower_case(config_file: str) -> bool | None:
+  """do_lower_case of a tokenizer_config.json (None without the file or the key)."""
+  if not os.path.isfile(config_file):
+    return None
+  try:
+    with open(config_file, encoding="utf-8") as f:
+      config = json.load(f)
+  except (ValueError, UnicodeDecodeError) as e:
+    raise UserError(f"{config_file} is not valid JSON ({e}); fix it or delete it (then "
+                    "pass lowercase= to load_tokenizer).") from None
+  if not isinstance(config, dict):
+    raise UserError(f"{config_file} is not a JSON object; write {{\"do_lower_case\": true}} "
+                    "(uncased) or false (cased).")
+  value = config.get("do_lower_case")
+  if value is not None and not isinstance(value, bool):
+    raise UserError(f"{config_file} has do_lower_case={value!r}; it must be true (uncased) or "
+                    "false (cased).")
+  unsupported = [f"{key}={config[key]!r}" for key, ok in (("strip_accents", (None, value)),
+                                                           ("tokenize_chinese_chars", (True,)))
+                 if key in config and config[key] not in ok]
+  if unsupported:
+    raise UserError(f"{config_file} asks for {', '.join(unsupported)}, which bertjax's "
+                    "WordPieceTokenizer does not do (accents are stripped exactly when "
+                    "lower-casing, CJK characters always split); remove those keys.")
+  return value
 
 
 def _write_atomically(path: str, data: bytes) -> None:

@@ -35,7 +35,7 @@ def get_config(arg=None):
   config.data.tfds_feature = "text"  # its text feature; each example is one document
   config.data.tfds_data_dir = ""  # where it was built ("" = TFDS's default); never downloads
   config.data.static_examples = ""  # glob of .npz shards from bertjax.data.create_pretraining_data
-  config.data.vocab_model = ""  # a sentencepiece .model ("" = train one on the text, in WORKDIR)
+  config.data.vocab_model = ""  # sentencepiece .model or WordPiece vocab.txt ("" = train one)
   config.data.vocab_size = 8000  # size of the sentencepiece vocabulary trained when none is given
   config.data.max_seq_length = 128  # tokens per example, [CLS] A [SEP] B [SEP] + padding
   config.data.max_predictions_per_seq = 20  # masked positions per example at most

@@ -96,10 +96,11 @@ def read_documents(config: ml_collections.ConfigDict) -> list[list[str]]:
 
 
 def load_tokenizer(config: ml_collections.ConfigDict, workdir: str,
-                   documents: list[list[str]] | None) -> tokenization.SentencePieceTokenizer:
-  """`data.vocab_model` if given; else WORKDIR/vocab.model, trained on `documents` if absent."""
+                   documents: list[list[str]] | None) -> tokenization.Tokenizer:
+  """`data.vocab_model` if given (a sentencepiece .model or a WordPiece vocab.txt); else
+  WORKDIR/vocab.model, trained on `documents` if absent."""
   if config.data.vocab_model:
-    return tokenization.SentencePieceTokenizer(config.data.vocab_model)
+    return tokenization.load_tokenizer(config.data.vocab_model)
   path = os.path.join(workdir, VOCAB_FILE)
   if os.path.exists(path):
     return tokenization.SentencePieceTokenizer(path)
