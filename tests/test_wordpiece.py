@@ -5,6 +5,8 @@ The reference is the pure-Python BERT tokenizer that transformers keeps
 and transformers.BertTokenizer, which in transformers 5 is built on the `tokenizers` library.
 """
 import json
+import os
+import sys
 
 import numpy as np
 import pytest
@@ -257,3 +259,26 @@ def test_pretraining_accepts_it(tok):
   assert special.ids_never_masked == frozenset({0, 100, 101, 102, 103})
   assert not np.isin(special.replacement_ids, [0, 100, 101, 102, 103]).any()
   assert len(special.replacement_ids) == tok.vocab_size - 5
+
+
+def test_pretraining_runs_on_a_wordpiece_vocabulary(vocab_file, tmp_path):
+  """data.vocab_model=vocab.txt: examples hold WordPiece ids with its specials; a step runs."""
+  from bertjax import parallel, train  # pylint: disable=import-outside-toplevel
+  from bertjax.tasks import pretraining  # pylint: disable=import-outside-toplevel
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs"))
+  import tiny  # pylint: disable=import-outside-toplevel
+  config = tiny.get_config()
+  text = tmp_path / "text.txt"
+  docs = sources.read_text_files(sources.BUNDLED_CORPUS)[:6]
+  text.write_text("\n\n".join("\n".join(doc) for doc in docs) + "\n")
+  config.data.update(input_files=str(text), vocab_model=vocab_file, max_seq_length=32,
+                     max_predictions_per_seq=5)
+  config.train.update(batch_size=4, eval_batch_size=4, num_train_steps=2, warmup_steps=0)
+  task = pretraining.make_task(config, str(tmp_path / "workdir"))
+  wordpiece = tokenization.load_tokenizer(vocab_file)
+  batch = task.init_batch
+  assert (batch["input_ids"][:, 0] == wordpiece.cls_id).all() and wordpiece.cls_id == 101
+  assert batch["input_ids"].max() < wordpiece.vocab_size
+  setup = train.build(config, task)
+  _, metrics = setup.train_step(setup.init_state(), parallel.global_batch(batch, setup.mesh))
+  assert np.isfinite(float(metrics["loss"]))
