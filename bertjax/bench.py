@@ -1,0 +1,427 @@
+"""Benchmark of the pretraining train step: bertjax against Hugging Face transformers (PyTorch).
+
+  python -m bertjax.bench --size=tiny,mini,base --batch_size=32 --seq_len=128 \
+      [--max_predictions=20] [--steps=20] [--warmup=3] [--dtype=float32|bfloat16] \
+      [--peers=bertjax,torch] [--vocab_size=30522] [--json=OUT.json]
+
+Both peers run on the same machine, in one process, on the same random batch (every token real,
+`max_predictions` masked positions per example), and do the whole step: forward with dropout 0.1,
+MLM + NSP loss, backward, clipping to global norm 1.0 and an AdamW update.
+
+- bertjax: the trainer's own step, `bertjax.train.build(config, task).train_step(state, batch)`
+  (jitted, donated state) with configs/tiny.py's optimizer fields, the model of `--size`.
+- torch: `transformers.BertForPreTraining` in train mode, `torch.optim.AdamW(lr=1e-4,
+  betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01)`, loss = MLM (labels -100 off the masked
+  positions, as HF does) + NSP, `clip_grad_norm_(1.0)`, step, zero_grad. bfloat16 runs under
+  `torch.autocast` with float32 parameters, as bertjax keeps float32 parameters and computes in
+  bfloat16. On a GPU, float32 matmuls may use TF32 in both (JAX's default precision; torch is set
+  to `set_float32_matmul_precision("high")` to match).
+
+What differs by design: HF scores the vocabulary at every position (logits [batch, seq, vocab])
+and then drops the ~85% of them without a label; bertjax gathers the masked positions first, as
+the original BERT does. That saving is part of what is compared.
+
+Timing: each step is timed alone, blocked to completion (`jax.block_until_ready` on the new state
+and metrics; `torch.cuda.synchronize()` on a GPU), after `--warmup` untimed steps (which include
+compilation); the step time reported is the median of `--steps` steps.
+
+Model FLOPs per step (`model_flops`), the same formula for both peers so the ratio is of useful
+work; it counts matmul weights only (biases, LayerNorm, softmax, GELU, embedding lookups and the
+optimizer are left out), 2 FLOPs per multiply-add, x3 for forward + backward:
+  6 * tokens * L * (4 H^2 + 2 H F)           q, k, v, output and feed-forward matmuls
+  + 12 * B * L * S^2 * H                     attention scores QK^T and probs x V
+  + 6 * B * P * (H^2 + H V)                  MLM transform and vocabulary projection at the
+                                             P = max_predictions gathered positions
+  + 6 * B * (H^2 + 2 H)                      pooler and NSP classifier on [CLS]
+with B = batch, S = seq_len, tokens = B * S, L layers, H hidden, F intermediate, V vocab. HF's
+full-sequence logits do 6 * B * (S - P) * H * (V + H) more, which this count leaves out.
+MFU = model FLOPs / step time / the device's peak (dense, for the dtype), where known.
+
+Peak memory: on a GPU, jax's `peak_bytes_in_use` of the device (for the process so far, so
+compilation scratch included) and `torch.cuda.max_memory_allocated` (reset before the peer); on
+CPU, the peak resident memory of the process during the timed steps less its resident memory
+before the peer was set up (Linux: VmHWM, reset after the warmup, so the compiler's transient
+memory is left out; elsewhere the growth of ru_maxrss).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+from typing import Any, Callable, Sequence
+
+# jax must not take 75% of a GPU's memory up front: the torch peer shares the device.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import jax  # pylint: disable=wrong-import-position
+import numpy as np  # pylint: disable=wrong-import-position
+
+from bertjax.errors import UserError  # pylint: disable=wrong-import-position
+from bertjax.models import bert  # pylint: disable=wrong-import-position
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PEERS = ("bertjax", "torch")
+DTYPES = ("float32", "bfloat16")
+# Dense peak FLOP/s per device by (device-name substring, dtype); the first match wins. float32
+# on GPUs is the TF32 tensor-core peak (both peers may use TF32); on TPUs JAX's default precision
+# runs float32 matmuls in bfloat16 passes, so the bfloat16 peak stands for both.
+PEAK_FLOPS: tuple[tuple[str, str, float], ...] = (
+    ("H100", "bfloat16", 989e12), ("H100", "float32", 494e12),
+    ("H200", "bfloat16", 989e12), ("H200", "float32", 494e12),
+    ("A100", "bfloat16", 312e12), ("A100", "float32", 156e12),
+    ("TPU v4", "bfloat16", 275e12), ("TPU v4", "float32", 275e12),
+    ("TPU v5 lite", "bfloat16", 197e12), ("TPU v5 lite", "float32", 197e12),
+    ("TPU v5e", "bfloat16", 197e12), ("TPU v5e", "float32", 197e12),
+    ("TPU v5p", "bfloat16", 459e12), ("TPU v5p", "float32", 459e12),
+    ("TPU v5", "bfloat16", 459e12), ("TPU v5", "float32", 459e12),
+)
+HF_LOGITS_NOTE = ("HF computes MLM logits at every position; bertjax gathers the masked ones "
+                  "first (as original BERT). model_flops counts the gathered positions for both.")
+
+
+def peak_flops(device_name: str, dtype: str) -> float | None:
+  """The device's dense peak FLOP/s for `dtype`, or None where unknown (CPUs, other chips)."""
+  for name, kind, peak in PEAK_FLOPS:
+    if name.lower() in device_name.lower() and kind == dtype:
+      return peak
+  return None
+
+
+def model_flops(config: bert.BertConfig, batch_size: int, seq_len: int,
+                max_predictions: int) -> int:
+  """Training FLOPs of one step by the formula in the module docstring (exact integer)."""
+  b, s, p = batch_size, seq_len, max_predictions
+  h, f, l, v = config.hidden_size, config.intermediate_size, config.num_layers, config.vocab_size
+  return (6 * b * s * l * (4 * h * h + 2 * h * f) + 12 * b * l * s * s * h
+          + 6 * b * p * (h * h + h * v) + 6 * b * (h * h + 2 * h))
+
+
+def make_batch(vocab_size: int, batch_size: int, seq_len: int, max_predictions: int,
+               seed: int = 0) -> dict[str, np.ndarray]:
+  """A random pretraining batch with the trainer's keys; every token real, all predictions used.
+
+  Returns:
+    input_ids, segment_ids, input_mask [batch, seq] int32; masked_lm_positions, masked_lm_ids
+    [batch, predictions] int32 and masked_lm_weights float32 (distinct sorted positions in
+    [1, seq)); next_sentence_label [batch] int32; example_weight [batch] float32 (ones).
+  """
+  rng = np.random.default_rng(seed)
+  positions = np.sort(np.stack([rng.choice(np.arange(1, seq_len), max_predictions, replace=False)
+                                for _ in range(batch_size)]), axis=1)
+  segment_ids = np.zeros((batch_size, seq_len), np.int32)
+  segment_ids[:, seq_len // 2:] = 1
+  return dict(
+      input_ids=rng.integers(5, vocab_size, (batch_size, seq_len)).astype(np.int32),
+      segment_ids=segment_ids,
+      input_mask=np.ones((batch_size, seq_len), np.int32),
+      masked_lm_positions=positions.astype(np.int32),
+      masked_lm_ids=rng.integers(5, vocab_size, (batch_size, max_predictions)).astype(np.int32),
+      masked_lm_weights=np.ones((batch_size, max_predictions), np.float32),
+      next_sentence_label=rng.integers(0, 2, batch_size).astype(np.int32),
+      example_weight=np.ones(batch_size, np.float32))
+
+
+class _CpuPeakMemory:
+  """Peak RSS in bytes since the last `reset_peak()`, less the RSS at `start()`.
+
+  On Linux the peak (VmHWM) can be reset, so `reset_peak()` after the warmup steps leaves the
+  compiler's transient memory out; elsewhere it is the growth of the lifetime peak (ru_maxrss).
+  """
+
+  def start(self) -> None:
+    self._exact = self.reset_peak()
+    self._base = (self._status("VmRSS") if self._exact
+                  else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+
+  @staticmethod
+  def reset_peak() -> bool:
+    """Resets VmHWM to the current RSS (Linux: "5" to clear_refs); False where it cannot."""
+    try:
+      with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+        f.write("5")
+      return True
+    except OSError:
+      return False
+
+  @staticmethod
+  def _status(field: str) -> int:
+    with open("/proc/self/status", encoding="ascii") as f:
+      for line in f:
+        if line.startswith(field + ":"):
+          return int(line.split()[1]) * 1024
+    raise OSError(f"no {field} in /proc/self/status")
+
+  def delta(self) -> int:
+    peak = (self._status("VmHWM") if self._exact
+            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    return max(peak - self._base, 0)
+
+
+def _time_steps(step: Callable[[], None], steps: int, warmup: int,
+                after_warmup: Callable[[], Any]) -> list[float]:
+  """Seconds of each of `steps` calls of `step` (which blocks until done), after `warmup`."""
+  for _ in range(warmup):
+    step()
+  after_warmup()
+  times = []
+  for _ in range(steps):
+    start = time.perf_counter()
+    step()
+    times.append(time.perf_counter() - start)
+  return times
+
+
+def _bertjax_config(size: str, batch_size: int, seq_len: int, max_predictions: int,
+                    dtype: str, steps: int, warmup: int):
+  """configs/tiny.py with the benchmark's shapes, the paper's dropout and a flat learning rate."""
+  sys.path.insert(0, os.path.join(ROOT, "configs"))
+  import tiny  # pylint: disable=import-outside-toplevel
+  config = tiny.get_config()
+  config.model.size = size
+  config.model.dtype = dtype
+  config.model.dropout_rate = 0.1
+  config.model.attention_dropout_rate = 0.1
+  config.model.max_position_embeddings = max(512, seq_len)
+  config.data.max_seq_length = seq_len
+  config.data.max_predictions_per_seq = max_predictions
+  config.train.batch_size = batch_size
+  config.train.eval_batch_size = batch_size
+  config.train.num_train_steps = steps + warmup + 1
+  config.train.warmup_steps = 0
+  config.train.learning_rate = 1e-4
+  return config
+
+
+def bench_bertjax(size: str, batch: dict[str, np.ndarray], vocab_size: int, dtype: str,
+                  steps: int, warmup: int) -> dict[str, Any]:
+  """Times bertjax's jitted train step; returns {step_times_s, peak_memory_bytes, device}."""
+  # Imported here: the trainer pulls in orbax and tensorboardX, not needed for --peers=torch.
+  from bertjax import parallel, train  # pylint: disable=import-outside-toplevel
+  from bertjax.models import heads  # pylint: disable=import-outside-toplevel
+  from bertjax.tasks import pretraining  # pylint: disable=import-outside-toplevel
+  batch_size, seq_len = batch["input_ids"].shape
+  max_predictions = batch["masked_lm_positions"].shape[1]
+  config = _bertjax_config(size, batch_size, seq_len, max_predictions, dtype, steps, warmup)
+  device = jax.devices()[0]
+  on_cpu = device.platform == "cpu"
+  memory = _CpuPeakMemory()
+  memory.start()
+  model = heads.BertForPreTraining(pretraining.model_config(config, vocab_size))
+
+  def init_params(rng, b):
+    return model.init({"params": rng}, b["input_ids"], b["segment_ids"], b["input_mask"],
+                      b["masked_lm_positions"], deterministic=True)["params"]
+
+  task = train.Task(
+      init_params=init_params, loss_fn=pretraining.make_loss_fn(model),
+      eval_fn=pretraining.make_eval_fn(model, 5), summarize_eval=pretraining.summarize_eval,
+      train_batches=lambda position: iter(()), eval_batches=None, init_batch=batch)
+  setup = train.build(config, task)
+  state = setup.init_state()
+  device_batch = parallel.global_batch(batch, setup.mesh)
+
+  def step():
+    nonlocal state
+    state, metrics = setup.train_step(state, device_batch)
+    jax.block_until_ready((state, metrics))
+
+  times = _time_steps(step, steps, warmup, memory.reset_peak)
+  if on_cpu:
+    peak = memory.delta()
+  else:
+    peak = (device.memory_stats() or {}).get("peak_bytes_in_use", 0)
+  del state
+  return dict(step_times_s=times, peak_memory_bytes=int(peak), device=device.device_kind,
+              platform=device.platform)
+
+
+def bench_torch(config: bert.BertConfig, batch: dict[str, np.ndarray], dtype: str, steps: int,
+                warmup: int) -> dict[str, Any]:
+  """Times a Hugging Face BertForPreTraining train step; returns the same fields."""
+  import torch  # pylint: disable=import-outside-toplevel
+  import transformers  # pylint: disable=import-outside-toplevel
+  torch.set_num_threads(os.cpu_count() or 1)
+  torch.manual_seed(0)
+  cuda = torch.cuda.is_available()
+  device = torch.device("cuda" if cuda else "cpu")
+  memory = _CpuPeakMemory()
+  if cuda:
+    torch.set_float32_matmul_precision("high")
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+  memory.start()
+  hf_config = transformers.BertConfig(
+      vocab_size=config.vocab_size, hidden_size=config.hidden_size,
+      num_hidden_layers=config.num_layers, num_attention_heads=config.num_heads,
+      intermediate_size=config.intermediate_size,
+      max_position_embeddings=config.max_position_embeddings, hidden_act="gelu",
+      hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
+      layer_norm_eps=config.layer_norm_eps)
+  model = transformers.BertForPreTraining(hf_config).to(device)
+  model.train()
+  optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.999), eps=1e-6,
+                                weight_decay=0.01)
+  # MLM labels [batch, seq]: the masked token at each masked position, -100 (ignored) elsewhere.
+  labels = np.full(batch["input_ids"].shape, -100, np.int64)
+  np.put_along_axis(labels, batch["masked_lm_positions"], batch["masked_lm_ids"], axis=1)
+  inputs = {k: torch.from_numpy(np.asarray(v, np.int64)).to(device) for k, v in dict(
+      input_ids=batch["input_ids"], token_type_ids=batch["segment_ids"],
+      attention_mask=batch["input_mask"], labels=labels,
+      next_sentence_label=batch["next_sentence_label"]).items()}
+  autocast_dtype = torch.bfloat16 if dtype == "bfloat16" else None
+
+  def step():
+    with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+      loss = model(**inputs).loss  # MLM mean over labelled positions + NSP mean
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    if cuda:
+      torch.cuda.synchronize()
+
+  times = _time_steps(step, steps, warmup, memory.reset_peak if not cuda else lambda: None)
+  peak = torch.cuda.max_memory_allocated() if cuda else memory.delta()
+  name = torch.cuda.get_device_name() if cuda else "cpu"
+  attention = hf_config._attn_implementation  # pylint: disable=protected-access
+  del model, optimizer
+  if cuda:
+    torch.cuda.empty_cache()
+  return dict(step_times_s=times, peak_memory_bytes=int(peak), device=name,
+              platform=device.type, attention=attention)
+
+
+def _check(sizes: Sequence[str], peers: Sequence[str], dtype: str, **positive: int) -> None:
+  """Raises UserError naming the first argument that cannot work."""
+  for size in sizes:
+    if size not in bert.SIZES:
+      raise UserError(f"unknown --size {size!r}; use one or more of {','.join(bert.SIZES)} "
+                      "(comma-separated).")
+  if not sizes:
+    raise UserError(f"--size is empty; give one or more of {','.join(bert.SIZES)}.")
+  for peer in peers:
+    if peer not in PEERS:
+      raise UserError(f"unknown --peers entry {peer!r}; use one or both of {','.join(PEERS)}.")
+  if not peers:
+    raise UserError(f"--peers is empty; give one or both of {','.join(PEERS)}.")
+  if dtype not in DTYPES:
+    raise UserError(f"unknown --dtype {dtype!r}; use one of {', '.join(DTYPES)}.")
+  for name, value in positive.items():
+    if value < 1:
+      raise UserError(f"--{name}={value}; use 1 or more.")
+  if positive["max_predictions"] >= positive["seq_len"]:
+    raise UserError(f"--max_predictions={positive['max_predictions']} must be below "
+                    f"--seq_len={positive['seq_len']} (position 0 is [CLS]); lower it.")
+  if positive["vocab_size"] < 6:
+    raise UserError(f"--vocab_size={positive['vocab_size']}; use 6 or more (5 special ids).")
+
+
+def run(sizes: Sequence[str] = ("tiny",), peers: Sequence[str] = PEERS, batch_size: int = 32,
+        seq_len: int = 128, max_predictions: int = 20, steps: int = 20, warmup: int = 3,
+        dtype: str = "float32", vocab_size: int = 30522) -> list[dict[str, Any]]:
+  """Benchmarks each peer at each size; returns one row per (size, peer).
+
+  Returns:
+    rows with size, peer, device, platform, dtype, batch_size, seq_len, max_predictions, steps,
+    step_ms (median), step_ms_min, tokens_per_s, examples_per_s, peak_memory_bytes, model_flops,
+    achieved_flops_per_s, mfu (None where the peak is unknown), and on bertjax rows with a torch
+    row of the same size, speedup_vs_torch (bertjax tokens/s / torch tokens/s).
+  """
+  _check(sizes, peers, dtype, batch_size=batch_size, seq_len=seq_len,
+         max_predictions=max_predictions, steps=steps, warmup=warmup, vocab_size=vocab_size)
+  rows = []
+  for size in sizes:
+    config = bert.bert_config(size, vocab_size=vocab_size, dtype=dtype,
+                              max_position_embeddings=max(512, seq_len))
+    batch = make_batch(vocab_size, batch_size, seq_len, max_predictions)
+    flops = model_flops(config, batch_size, seq_len, max_predictions)
+    by_peer = {}
+    for peer in peers:
+      if peer == "bertjax":
+        result = bench_bertjax(size, batch, vocab_size, dtype, steps, warmup)
+      else:
+        result = bench_torch(config, batch, dtype, steps, warmup)
+      step_s = statistics.median(result["step_times_s"])
+      peak = peak_flops(result["device"], dtype) if result["platform"] != "cpu" else None
+      row = dict(size=size, peer=peer, device=result["device"], platform=result["platform"],
+                 dtype=dtype, batch_size=batch_size, seq_len=seq_len,
+                 max_predictions=max_predictions, steps=steps,
+                 step_ms=1e3 * step_s, step_ms_min=1e3 * min(result["step_times_s"]),
+                 tokens_per_s=batch_size * seq_len / step_s, examples_per_s=batch_size / step_s,
+                 peak_memory_bytes=result["peak_memory_bytes"], model_flops=flops,
+                 achieved_flops_per_s=flops / step_s,
+                 mfu=None if peak is None else flops / step_s / peak)
+      if "attention" in result:
+        row["attention"] = result["attention"]
+      by_peer[peer] = row
+      rows.append(row)
+    if "bertjax" in by_peer and "torch" in by_peer:
+      by_peer["bertjax"]["speedup_vs_torch"] = (by_peer["bertjax"]["tokens_per_s"]
+                                                / by_peer["torch"]["tokens_per_s"])
+  return rows
+
+
+def format_table(rows: Sequence[dict[str, Any]]) -> str:
+  """The rows as a fixed-width text table, then the notes."""
+  header = (f"{'size':<7} {'peer':<8} {'device':<22} {'dtype':<9} {'step ms':>9} "
+            f"{'tokens/s':>11} {'ex/s':>9} {'peak MiB':>9} {'GFLOP/step':>11} {'MFU':>7} "
+            f"{'jax/torch':>9}")
+  lines = [header, "-" * len(header)]
+  for r in rows:
+    mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
+    ratio = f"{r['speedup_vs_torch']:.2f}x" if "speedup_vs_torch" in r else ""
+    lines.append(
+        f"{r['size']:<7} {r['peer']:<8} {r['device'][:22]:<22} {r['dtype']:<9} "
+        f"{r['step_ms']:>9.2f} {r['tokens_per_s']:>11.0f} {r['examples_per_s']:>9.1f} "
+        f"{r['peak_memory_bytes'] / 2**20:>9.1f} {r['model_flops'] / 1e9:>11.3f} {mfu:>7} "
+        f"{ratio:>9}")
+  if rows:
+    r = rows[0]
+    lines.append(f"batch {r['batch_size']} x seq {r['seq_len']}, {r['max_predictions']} "
+                 f"predictions/example; median of {r['steps']} steps, each blocked to completion.")
+  lines.append(HF_LOGITS_NOTE)
+  if len({r["platform"] for r in rows}) > 1:
+    lines.append("WARNING: the peers ran on different platforms; the ratio compares devices.")
+  return "\n".join(lines)
+
+
+def _csv(text: str) -> list[str]:
+  return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
+  """Parses the flags, runs the benchmark, prints the table (and writes --json)."""
+  parser = argparse.ArgumentParser(prog="python -m bertjax.bench", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--size", default="tiny", help="comma-separated BERT sizes")
+  parser.add_argument("--peers", default=",".join(PEERS), help="bertjax, torch or both")
+  parser.add_argument("--batch_size", type=int, default=32)
+  parser.add_argument("--seq_len", type=int, default=128)
+  parser.add_argument("--max_predictions", type=int, default=20)
+  parser.add_argument("--steps", type=int, default=20, help="timed steps")
+  parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation)")
+  parser.add_argument("--dtype", default="float32", help="compute dtype: float32 or bfloat16")
+  parser.add_argument("--vocab_size", type=int, default=30522)
+  parser.add_argument("--json", default="", help="also write the rows to this JSON file")
+  args = parser.parse_args(argv)
+  try:
+    rows = run(sizes=_csv(args.size), peers=_csv(args.peers), batch_size=args.batch_size,
+               seq_len=args.seq_len, max_predictions=args.max_predictions, steps=args.steps,
+               warmup=args.warmup, dtype=args.dtype, vocab_size=args.vocab_size)
+  except UserError as e:
+    print(f"bertjax.bench: error: {e}", file=sys.stderr)
+    sys.exit(2)
+  print(format_table(rows))
+  if args.json:
+    with open(args.json, "w", encoding="utf-8") as f:
+      json.dump({"rows": rows, "note": HF_LOGITS_NOTE}, f, indent=2)
+      f.write("\n")
+  return rows
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,88 @@
+"""Tests of bertjax.bench: both peers run at tiny shapes, the FLOP formula, bad arguments."""
+import json
+import math
+
+import pytest
+
+from bertjax import bench
+from bertjax.errors import UserError
+from bertjax.models import bert
+
+TINY = dict(batch_size=4, seq_len=16, max_predictions=3, steps=2, warmup=1, vocab_size=128)
+
+
+def test_both_peers_report_positive_finite_figures(tmp_path, capsys):
+  out = tmp_path / "bench.json"
+  rows = bench.main(["--size=tiny", "--peers=bertjax,torch", "--batch_size=4", "--seq_len=16",
+                     "--max_predictions=3", "--steps=2", "--warmup=1", "--vocab_size=128",
+                     f"--json={out}"])
+  table = capsys.readouterr().out
+  assert "jax/torch" in table and "tiny" in table and "gathers the masked ones" in table
+  written = json.loads(out.read_text())
+  assert written["rows"] == json.loads(json.dumps(rows))
+  assert [(r["size"], r["peer"]) for r in rows] == [("tiny", "bertjax"), ("tiny", "torch")]
+  flops = bench.model_flops(bert.bert_config("tiny", vocab_size=128), 4, 16, 3)
+  for r in rows:
+    for key in ("step_ms", "step_ms_min", "tokens_per_s", "examples_per_s",
+                "achieved_flops_per_s"):
+      assert math.isfinite(r[key]) and r[key] > 0, (r["peer"], key, r[key])
+    assert r["peak_memory_bytes"] >= 0
+    assert r["model_flops"] == flops
+    assert r["tokens_per_s"] == pytest.approx(r["examples_per_s"] * 16)
+    assert r["tokens_per_s"] == pytest.approx(4 * 16 * 1e3 / r["step_ms"])
+    assert r["step_ms_min"] <= r["step_ms"]
+    assert r["platform"] != "cpu" or r["mfu"] is None  # no known peak for a CPU
+  jax_row, torch_row = rows
+  assert jax_row["speedup_vs_torch"] == pytest.approx(
+      jax_row["tokens_per_s"] / torch_row["tokens_per_s"])
+  assert "speedup_vs_torch" not in torch_row
+
+
+def test_model_flops_by_hand():
+  config = bert.BertConfig(vocab_size=10, hidden_size=4, num_layers=2, num_heads=2,
+                           intermediate_size=8)
+  # B=3, S=5, P=2, L=2, H=4, F=8, V=10:
+  layers = 6 * 3 * 5 * 2 * (4 * 16 + 2 * 4 * 8)  # 6 tokens L (4H^2 + 2HF) = 23040
+  attention = 12 * 3 * 2 * 25 * 4  # 12 B L S^2 H = 7200
+  mlm = 6 * 3 * 2 * (16 + 40)  # 6 B P (H^2 + HV) = 2016
+  pooler_nsp = 6 * 3 * (16 + 8)  # 6 B (H^2 + 2H) = 432
+  assert layers + attention + mlm + pooler_nsp == 32688
+  assert bench.model_flops(config, batch_size=3, seq_len=5, max_predictions=2) == 32688
+
+
+def test_peak_flops_table():
+  assert bench.peak_flops("NVIDIA H100 80GB HBM3", "bfloat16") == 989e12
+  assert bench.peak_flops("NVIDIA H200", "float32") == 494e12
+  assert bench.peak_flops("TPU v5 lite", "bfloat16") == 197e12
+  assert bench.peak_flops("cpu", "float32") is None
+
+
+def test_make_batch_keys_and_positions():
+  batch = bench.make_batch(vocab_size=128, batch_size=4, seq_len=16, max_predictions=3)
+  assert set(batch) == {"input_ids", "segment_ids", "input_mask", "masked_lm_positions",
+                        "masked_lm_ids", "masked_lm_weights", "next_sentence_label",
+                        "example_weight"}
+  positions = batch["masked_lm_positions"]
+  assert positions.shape == (4, 3) and positions.min() >= 1 and positions.max() < 16
+  assert all(len(set(row)) == 3 for row in positions.tolist())
+  assert batch["input_ids"].max() < 128
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(sizes=["huge"]), "unknown --size 'huge'"),
+    (dict(peers=["tensorflow"]), "unknown --peers entry 'tensorflow'"),
+    (dict(dtype="float16"), "unknown --dtype 'float16'"),
+    (dict(steps=0), "--steps=0"),
+    (dict(max_predictions=16), "--max_predictions=16 must be below --seq_len=16"),
+])
+def test_bad_arguments_raise_user_error(overrides, message):
+  with pytest.raises(UserError, match=message.replace("-", r"\-").replace("(", r"\(")):
+    bench.run(**{**TINY, **overrides})
+
+
+def test_cli_reports_bad_size_in_one_line(capsys):
+  with pytest.raises(SystemExit) as exit_info:
+    bench.main(["--size=tiny,huge", "--peers=torch"])
+  assert exit_info.value.code == 2
+  err = capsys.readouterr().err
+  assert err.startswith("bertjax.bench: error: unknown --size 'huge'") and err.count("\n") == 1
