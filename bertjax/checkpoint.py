@@ -249,6 +249,23 @@ def find_step_dir(path: epath.PathLike) -> epath.Path:
   return latest.path
 
 
+def saved_param_shapes(path: epath.PathLike) -> dict[str, tuple[int, ...]]:
+  """{'a/b/c': shape} of the parameters saved at `path` (as load_params finds it), read from the
+  checkpoint's metadata without loading any array.
+
+  Raises:
+    UserError: no checkpoint at `path`, or no 'params' in it.
+  """
+  step_dir = find_step_dir(path)
+  metadata = ocp.StandardCheckpointHandler().metadata(step_dir / STATE_ITEM)
+  saved_tree = getattr(metadata, "tree", metadata)
+  if not isinstance(saved_tree, dict) or "params" not in saved_tree:
+    raise UserError(f"{step_dir} holds no 'params' in its saved state; init_checkpoint must be a "
+                    "bertjax checkpoint (convert other formats first).")
+  return {path_str(p): tuple(m.shape)
+          for p, m in jax.tree_util.tree_flatten_with_path(saved_tree["params"])[0]}
+
+
 def load_params(path: epath.PathLike, target_params: Any) -> tuple[Any, LoadReport]:
   """Loads the parameters of a saved train state into `target_params` (e.g. `init_checkpoint`).
 
@@ -267,13 +284,7 @@ def load_params(path: epath.PathLike, target_params: Any) -> tuple[Any, LoadRepo
     UserError: no checkpoint at `path`, no 'params' in it, or shared paths with different shapes.
   """
   step_dir = find_step_dir(path)
-  metadata = ocp.StandardCheckpointHandler().metadata(step_dir / STATE_ITEM)
-  saved_tree = getattr(metadata, "tree", metadata)
-  if not isinstance(saved_tree, dict) or "params" not in saved_tree:
-    raise UserError(f"{step_dir} holds no 'params' in its saved state; init_checkpoint must be a "
-                    "bertjax checkpoint (convert other formats first).")
-  saved = {path_str(p): tuple(m.shape)
-           for p, m in jax.tree_util.tree_flatten_with_path(saved_tree["params"])[0]}
+  saved = saved_param_shapes(step_dir)
   flat_target = traverse_util.flatten_dict(target_params, sep="/")
   expected = {p: tuple(x.shape) for p, x in flat_target.items()}
 

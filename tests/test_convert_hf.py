@@ -77,8 +77,9 @@ def _close(ours, theirs):
 
 def _assert_encoder_parity(params, config, torch_out, batch, pooler=True):
   ids, segments, mask = batch
-  out = bert.BertEncoder(config).apply({"params": params["bert"]}, ids, segments, mask,
-                                       deterministic=True, output_hidden_states=True)
+  out = bert.BertEncoder(config, use_pooler=pooler).apply(
+      {"params": params["bert"]}, ids, segments, mask, deterministic=True,
+      output_hidden_states=True)
   assert len(out.hidden_states) == len(torch_out.hidden_states) == config.num_layers + 1
   for ours, theirs in zip(out.hidden_states, torch_out.hidden_states):
     _close(ours, theirs)
@@ -156,7 +157,7 @@ def test_bert_model_parity(tmp_path, act):
   assert set(params) == {"bert"}
   assert report.missing and all(p.startswith(("masked_lm/", "next_sentence/"))
                                 for p in report.missing)
-  assert report.unused == []
+  assert report.task is None
   batch = _batch()
   _assert_encoder_parity(params, config, _torch_out(model, *batch), batch)
 
@@ -164,7 +165,7 @@ def test_bert_model_parity(tmp_path, act):
 def test_pretraining_parity(pretraining):
   model, directory = pretraining
   params, config, report = _convert(directory)
-  assert report.missing == [] and report.unused == []
+  assert report.missing == [] and report.task is None
   batch = _batch()
   theirs = _torch_out(model, *batch)
   _assert_encoder_parity(params, config, _torch_out(model.bert, *batch), batch)
@@ -205,14 +206,94 @@ def test_masked_lm_parity_reports_nsp_and_pooler_missing(tmp_path):
   _close(mlm, theirs.logits)
 
 
-def test_task_head_checkpoint_converts_encoder_and_reports_head_unused(tmp_path):
-  model, directory = _save_hf(transformers.BertForSequenceClassification, tmp_path, seed=4,
-                              num_labels=3)
-  params, config, report = _convert(directory)
-  assert report.unused == ["classifier.bias", "classifier.weight"]
-  assert set(params) == {"bert"}
+# (transformers class, num_labels, bertjax model class, the bertjax head's name).
+TASK_MODELS = [
+    (transformers.BertForSequenceClassification, 3, heads.BertForSequenceClassification,
+     "sequence_classification"),
+    (transformers.BertForSequenceClassification, 1, heads.BertForSequenceClassification,
+     "sequence_classification"),  # regression (STS-B)
+    (transformers.BertForTokenClassification, 5, heads.BertForTokenClassification,
+     "token_tagging"),
+    (transformers.BertForQuestionAnswering, 2, heads.BertForQuestionAnswering, "span"),
+    (transformers.BertForMultipleChoice, 2, heads.BertForMultipleChoice, "multiple_choice"),
+]
+TASK_IDS = ["sequence_classification", "regression", "token_tagging", "span", "multiple_choice"]
+
+
+def _task_logits(cls, num_labels, params, config, model, batch):
+  """(bertjax's logits, transformers' logits) of a task model on `batch`; multiple choice takes
+  the batch's 3 rows as 3 choices of one example, so padding differs between choices."""
+  ours_model = cls(config, num_labels) if "num_labels" in cls.__dataclass_fields__ else cls(config)
+  if cls is heads.BertForMultipleChoice:
+    batch = tuple(x[None] for x in batch)  # [1 example, 3 choices, seq]
+  ours = ours_model.apply({"params": params}, *batch, deterministic=True)
+  with torch.no_grad():
+    theirs = model(torch.tensor(batch[0]), attention_mask=torch.tensor(batch[2]),
+                   token_type_ids=torch.tensor(batch[1]))
+  if cls is heads.BertForQuestionAnswering:
+    return ours, (theirs.start_logits, theirs.end_logits)
+  return (ours,), (theirs.logits,)
+
+
+@pytest.mark.parametrize("hf_cls,num_labels,cls,head", TASK_MODELS, ids=TASK_IDS)
+def test_task_model_parity(tmp_path, hf_cls, num_labels, cls, head):
+  """Each Hugging Face task class converts whole (encoder and head); the logits agree."""
+  model, directory = _save_hf(hf_cls, tmp_path, seed=4, num_labels=num_labels)
+  hf_config = hf.load_hf_config(directory)
+  task, labels = hf.hf_task(hf_config)
+  assert (task, labels) == (hf_cls.__name__, num_labels)
+  config = hf.hf_config_to_bert_config(hf_config)
+  params, report = hf.from_hf(hf.load_hf_state_dict(directory), config, task, labels)
+  assert report.task == task and set(params) == {"bert", head}
+  assert sorted(_flat(params[head])) == ["classifier/bias", "classifier/kernel"]
+  has_pooler = head in ("sequence_classification", "multiple_choice")
+  assert ("pooler" in params["bert"]) == has_pooler
+  assert all(p.startswith(("masked_lm/", "next_sentence/", "bert/pooler/"))
+             for p in report.missing)  # the pretraining heads (and pooler) it lacks
   batch = _batch()
-  _assert_encoder_parity(params, config, _torch_out(model.bert, *batch), batch)
+  _assert_encoder_parity(params, config, _torch_out(model.bert, *batch), batch,
+                         pooler=has_pooler)
+  ours, theirs = _task_logits(cls, num_labels, params, config, model, batch)
+  for o, t in zip(ours, theirs):
+    assert o.shape == tuple(t.shape)
+    _close(o, t)
+
+
+@pytest.mark.parametrize("hf_cls,num_labels,cls,head", TASK_MODELS[::2], ids=TASK_IDS[::2])
+def test_task_model_round_trips_through_the_cli(tmp_path, hf_cls, num_labels, cls, head, capsys):
+  """HF task model -> bertjax -> HF: the same tensors, config and logits; transformers loads it."""
+  model, directory = _save_hf(hf_cls, tmp_path / "hf", seed=6, num_labels=num_labels)
+  assert cli.main(["--from=hf", f"--src={directory}", f"--dst={tmp_path / 'out'}"]) == 0
+  assert f"with the task head of {hf_cls.__name__}" in capsys.readouterr().out
+  assert cli.main(["--to=hf", f"--src={tmp_path / 'out'}", f"--dst={tmp_path / 'back'}"]) == 0
+  state, back = hf.load_hf_state_dict(directory), hf.load_hf_state_dict(str(tmp_path / "back"))
+  assert sorted(back) == sorted(state)
+  for name in state:
+    np.testing.assert_array_equal(back[name], state[name], err_msg=name)
+  reloaded, info = hf_cls.from_pretrained(str(tmp_path / "back"), output_loading_info=True)
+  assert not info["missing_keys"] and not info["unexpected_keys"]
+  if hf.TASK_HEADS[hf_cls.__name__].labelled:
+    assert reloaded.config.num_labels == num_labels
+  ids, _, mask = (torch.tensor(x[None] if head == "multiple_choice" else x) for x in _batch())
+  with torch.no_grad():
+    a, b = model(ids, attention_mask=mask), reloaded.eval()(ids, attention_mask=mask)
+  key = "start_logits" if head == "span" else "logits"
+  np.testing.assert_array_equal(a[key].numpy(), b[key].numpy())
+
+
+def test_task_head_needs_the_architecture(tmp_path):
+  """classifier.* is one of three heads: without `architectures` it is named, not guessed."""
+  _, directory = _save_hf(transformers.BertForSequenceClassification, tmp_path, num_labels=3)
+  hf_config = hf.load_hf_config(directory)
+  config = hf.hf_config_to_bert_config(hf_config)
+  with pytest.raises(UserError, match=r"classifier\.weight \(3, 32\) belongs to a task head, "
+                     "but config.json's architectures does not name one"):
+    hf.from_hf(hf.load_hf_state_dict(directory), config)
+  assert hf.hf_task({**hf_config, "architectures": None}) == (None, 3)
+  with pytest.raises(UserError, match=r"classifier\.weight \(3, 32\) -> "
+                     r"sequence_classification/classifier/kernel \(32, 3\) \(transpose\), the "
+                     r"model expects \(32, 4\)"):
+    hf.from_hf(hf.load_hf_state_dict(directory), config, "BertForSequenceClassification", 4)
 
 
 def test_old_names_tied_decoder_and_buffers(pretraining):
@@ -311,13 +392,22 @@ def test_round_trip_bertjax_hf_bertjax():
   assert "cls.predictions.decoder.weight" not in tensors  # tied
   back, report = hf.from_hf(tensors, config)
   _assert_trees_equal(back, params)
-  assert report.missing == [] and report.unused == [] and report.ignored == []
+  assert report.missing == [] and report.ignored == [] and report.task is None
 
 
 def test_every_bertjax_parameter_has_a_rule():
   config = bert.BertConfig(vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=4,
                            intermediate_size=37, max_position_embeddings=64)
   assert len(hf.to_hf(_fresh_params(config), config)) == len(hf.expected_shapes(config))
+  for task, head in hf.TASK_HEADS.items():
+    ids = jnp.zeros((1, 2, 4) if head.choices else (1, 4), jnp.int32)
+    variables = head.model(config, 3).init(jax.random.PRNGKey(0), ids, ids, ids,
+                                           deterministic=True)
+    params = jax.tree.map(np.asarray, nn.unbox(variables)["params"])
+    assert hf.params_task(params)[0] == task
+    tensors = hf.to_hf(params, config)
+    assert len(tensors) == len(_flat(params))
+    assert {f"{head.hf_prefix}.weight", f"{head.hf_prefix}.bias"} <= set(tensors)
 
 
 # --- planted errors -----------------------------------------------------------------------------

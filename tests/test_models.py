@@ -344,3 +344,47 @@ def test_init_statistics():
   assert 0.015 < table.std() < 0.02  # a normal(0.02) truncated at 2 sigma has std ~0.0176
   assert not np.any(flat["bert/encoder/layer_0/attention/query/bias"])
   np.testing.assert_array_equal(flat["bert/encoder/layer_0/output_layer_norm/scale"], 1.0)
+
+
+# --- fine-tuning models -------------------------------------------------------------------------
+
+TASK_MODELS = {
+    "sequence_classification": lambda: heads.BertForSequenceClassification(TINY, 3),
+    "token_tagging": lambda: heads.BertForTokenClassification(TINY, 5),
+    "span": lambda: heads.BertForQuestionAnswering(TINY),
+    "multiple_choice": lambda: heads.BertForMultipleChoice(TINY),
+}
+
+
+@pytest.mark.parametrize("head", sorted(TASK_MODELS))
+def test_task_models_shapes_padding_and_dropout(head):
+  """Output shapes, parameter tree (pooler only where the head reads it, logical axes on the
+  head), invariance to extra padding, and dropout that is on only when asked for."""
+  model = TASK_MODELS[head]()
+  short, long = _batch()[:3], _batch(pad_to=SEQ + 4)[:3]
+  if head == "multiple_choice":  # 2 examples x 2 choices: the rows, then the rows swapped
+    short, long = ([np.stack([x, x[::-1]]) for x in b] for b in (short, long))
+  boxed = model.init(jax.random.key(0), *short, deterministic=True)
+  spec = nn.get_partition_spec(boxed)["params"][head]["classifier"]["kernel"]
+  assert tuple(spec) == ("embed", None)
+  params = nn.unbox(boxed)
+  assert sorted(params["params"]) == ["bert", head]
+  assert ("pooler" in params["params"]["bert"]) == (head in ("sequence_classification",
+                                                            "multiple_choice"))
+  apply = jax.jit(model.apply, static_argnames="deterministic")
+  out_s, out_l = (apply(params, *b, deterministic=True) for b in (short, long))
+  out_s, out_l = (jax.tree.leaves(o) for o in (out_s, out_l))
+  expected = {"sequence_classification": [(BATCH, 3)], "token_tagging": [(BATCH, SEQ, 5)],
+              "span": [(BATCH, SEQ)] * 2, "multiple_choice": [(2, BATCH)]}[head]
+  assert [o.shape for o in out_s] == expected and all(o.dtype == jnp.float32 for o in out_s)
+  real = short[2].astype(bool)
+  for s, l in zip(out_s, out_l):
+    if s.ndim == 3 or head == "span":  # per token: compare the real positions
+      np.testing.assert_allclose(s[real], l[:, :SEQ][real], atol=1e-5)
+    else:
+      np.testing.assert_allclose(s, l, atol=1e-5)
+  if head == "multiple_choice":  # swapping the choices swaps their scores
+    np.testing.assert_allclose(out_s[0][0], out_s[0][1][::-1], atol=1e-5)
+  dropped = jax.tree.leaves(apply(params, *short, deterministic=False,
+                                  rngs={"dropout": jax.random.key(1)}))
+  assert max(np.abs(np.asarray(d - s)).max() for d, s in zip(dropped, out_s)) > 1e-3

@@ -9,8 +9,9 @@
       bert_config.json). HF_DIR gets config.json, model.safetensors and the tokenizer files;
       transformers.BertForPreTraining.from_pretrained(HF_DIR) loads it.
 
-The destination must not exist or be empty; nothing is ever overwritten. Task heads of a
-Hugging Face fine-tuned model (classifier, qa_outputs) are reported unused and not converted.
+The destination must not exist or be empty; nothing is ever overwritten. The task head of a
+Hugging Face fine-tuned model (sequence or token classification, question answering, multiple
+choice) converts to bertjax's head for that task, and back.
 """
 from __future__ import annotations
 
@@ -39,8 +40,10 @@ def from_hf_dir(src: str, dst: str) -> hf.ConversionReport:
   """HF_DIR -> a bertjax checkpoint directory; returns the conversion report."""
   _check_src(src)
   _check_dst(dst)
-  config = hf.hf_config_to_bert_config(hf.load_hf_config(src))
-  params, report = hf.from_hf(hf.load_hf_state_dict(src), config)
+  hf_config = hf.load_hf_config(src)
+  config = hf.hf_config_to_bert_config(hf_config)
+  task, num_labels = hf.hf_task(hf_config)
+  params, report = hf.from_hf(hf.load_hf_state_dict(src), config, task, num_labels)
   hf.save_bertjax_checkpoint(dst, params, config, hf.tokenizer_files(src))
   return report
 
@@ -53,9 +56,12 @@ def to_hf_dir(src: str, dst: str) -> str:
   params, config = hf.load_bertjax_checkpoint(src)
   tensors = hf.to_hf(params, config)
   architecture = hf.hf_architecture(params)
+  task, num_labels = hf.params_task(params)
   os.makedirs(dst, exist_ok=True)
   with open(os.path.join(dst, "config.json"), "w", encoding="utf-8") as f:
-    json.dump(hf.bert_config_to_hf_config(config, [architecture]), f, indent=2)
+    json.dump(hf.bert_config_to_hf_config(config, [architecture],
+                                          num_labels if task and hf.TASK_HEADS[task].labelled
+                                          else None), f, indent=2)
     f.write("\n")
   save_file(tensors, os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
   for path in hf.tokenizer_files(src):
@@ -77,13 +83,11 @@ def main(argv: list[str] | None = None) -> int:
   try:
     if args.source == "hf":
       report = from_hf_dir(args.src, args.dst)
-      print(f"converted {len(report.loaded)} parameters from {args.src} to {args.dst}")
+      print(f"converted {len(report.loaded)} parameters from {args.src} to {args.dst}"
+            + (f", with the task head of {report.task}" if report.task else ""))
       if report.missing:
         print(f"not in the checkpoint, freshly initialised when loaded ({len(report.missing)}): "
               + ", ".join(report.missing))
-      if report.unused:
-        print(f"task-head tensors not converted (bertjax has no such head yet) "
-              f"({len(report.unused)}): " + ", ".join(report.unused))
     else:
       architecture = to_hf_dir(args.src, args.dst)
       print(f"wrote {architecture} weights from {args.src} to {args.dst}")

@@ -22,16 +22,19 @@ What is converted (`from_hf`):
     `cls.predictions.decoder.weight` (older ones do) must hold a copy of the word embeddings
     (checked, then ignored), and `cls.predictions.decoder.bias` a copy of
     `cls.predictions.bias`; an untied decoder is a UserError.
-  - task heads of Hugging Face fine-tuned models (`classifier.*` of BertForSequenceClassification,
-    BertForTokenClassification, BertForMultipleChoice; `qa_outputs.*` of
-    BertForQuestionAnswering) have no bertjax counterpart yet: the encoder is converted and the
-    head tensors are reported `unused`, not converted.
+  - the task head of a Hugging Face fine-tuned model (TASK_HEADS): `classifier.*` of
+    BertForSequenceClassification, BertForTokenClassification and BertForMultipleChoice, and
+    `qa_outputs.*` of BertForQuestionAnswering, to the head of bertjax's model of the same name
+    (`bertjax.models.heads`). Which head `classifier.*` is comes from config.json's
+    `architectures`, its number of labels from `id2label` (or `num_labels`). The pretraining
+    heads such a checkpoint lacks are reported `missing`, as above.
   - the `position_ids` / `token_type_ids` buffers some checkpoints carry are ignored.
 Any other tensor, any encoder parameter left unfilled, a group filled only in part, and any shape
 mismatch raise one UserError that names each of them.
 
-`to_hf` writes BertForPreTraining names (`bert.*`, `cls.*`); the tied decoder is not written,
-since transformers ties it to the word embeddings on load (`tie_word_embeddings`).
+`to_hf` writes the names of BertForPreTraining (`bert.*`, `cls.*`) and of the task head the
+parameters hold, if any; the tied decoder is not written, since transformers ties it to the word
+embeddings on load (`tie_word_embeddings`).
 """
 from __future__ import annotations
 
@@ -40,7 +43,7 @@ import json
 import os
 import re
 import shutil
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import flax.linen as nn
 import jax
@@ -99,6 +102,46 @@ RULES: tuple[tuple[str, str, str], ...] = (
     ("cls.seq_relationship.bias", "next_sentence/classifier/bias", "copy"),
 )
 _TRANSFORMS = {"copy": lambda x: x, "transpose": lambda x: x.T}
+# Hugging Face names of the rules above that carry the 'bert.' prefix in a model with heads.
+_ENCODER_PREFIXES = ("embeddings.", "encoder.", "pooler.")
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskHead:
+  """A Hugging Face task class's head and bertjax's model for the same task.
+
+  Attributes:
+    hf_prefix: the head's tensor names in Hugging Face are `{hf_prefix}.weight` / `.bias`.
+    name: the head's name in bertjax's parameter tree (`{name}/classifier/kernel`, `/bias`).
+    model: builds the bertjax model, given (BertConfig, num_labels).
+    labelled: the head has one output per label (config.json's num_labels); the others have a
+      fixed width (2 for span start/end, 1 for a choice's score).
+    choices: the model takes [batch, num_choices, seq] inputs (multiple choice).
+  """
+  hf_prefix: str
+  name: str
+  model: Callable[[BertConfig, int], nn.Module]
+  labelled: bool = True
+  choices: bool = False
+
+  def rules(self) -> tuple[tuple[str, str, str], ...]:
+    return ((f"{self.hf_prefix}.weight", f"{self.name}/classifier/kernel", "transpose"),
+            (f"{self.hf_prefix}.bias", f"{self.name}/classifier/bias", "copy"))
+
+
+# Hugging Face architecture -> its head in bertjax.
+TASK_HEADS: dict[str, TaskHead] = {
+    "BertForSequenceClassification": TaskHead(
+        "classifier", "sequence_classification", heads.BertForSequenceClassification),
+    "BertForTokenClassification": TaskHead(
+        "classifier", "token_tagging", heads.BertForTokenClassification),
+    "BertForQuestionAnswering": TaskHead(
+        "qa_outputs", "span", lambda config, _: heads.BertForQuestionAnswering(config),
+        labelled=False),
+    "BertForMultipleChoice": TaskHead(
+        "classifier", "multiple_choice", lambda config, _: heads.BertForMultipleChoice(config),
+        labelled=False, choices=True),
+}
 
 # Parameter groups of bertjax's BertForPreTraining, by path prefix. The encoder core is required;
 # the others are converted when the checkpoint has them, whole, and reported missing otherwise.
@@ -109,8 +152,8 @@ _DECODER_WEIGHT = "cls.predictions.decoder.weight"
 _DECODER_BIAS = "cls.predictions.decoder.bias"
 # Buffers, not weights.
 _IGNORED = re.compile(r"^(bert\.)?embeddings\.(position_ids|token_type_ids)$")
-# Task heads of Hugging Face fine-tuned models with no bertjax counterpart yet.
-_TASK_HEADS = re.compile(r"^(classifier|qa_outputs)\.")
+# Tensors of some task head, to name when config.json does not say which head they are.
+_TASK_HEAD_TENSOR = re.compile(r"^(classifier|qa_outputs)\.")
 # Hugging Face hidden_act -> bertjax hidden_act.
 _ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json",
@@ -125,21 +168,30 @@ class ConversionReport:
     loaded: bertjax parameter paths filled from the checkpoint.
     missing: bertjax parameter paths the checkpoint lacks (a whole pooler or head); they are left
       out of the converted parameters and come out freshly initialised when loaded.
-    unused: Hugging Face tensors of task heads bertjax has no place for yet (not converted).
     ignored: Hugging Face buffers and tied copies, checked where they carry weights.
+    task: the Hugging Face architecture whose task head was converted, or None.
   """
   loaded: list[str]
   missing: list[str]
-  unused: list[str]
   ignored: list[str]
+  task: str | None = None
 
 
 def _template_regex(template: str) -> re.Pattern:
   return re.compile("^" + re.escape(template).replace(re.escape("{i}"), r"(?P<i>\d+)") + "$")
 
 
-_HF_PATTERNS = [(_template_regex(hf), bj, t) for hf, bj, t in RULES]
-_BJ_PATTERNS = [(_template_regex(bj), hf, t) for hf, bj, t in RULES]
+def _rules(task: str | None) -> tuple[tuple[str, str, str], ...]:
+  """RULES, plus the rules of `task`'s head (an architecture in TASK_HEADS) when given."""
+  return RULES + (TASK_HEADS[task].rules() if task else ())
+
+
+def _hf_patterns(task: str | None) -> list[tuple[re.Pattern, str, str]]:
+  return [(_template_regex(hf), bj, t) for hf, bj, t in _rules(task)]
+
+
+def _bj_patterns(task: str | None) -> list[tuple[re.Pattern, str, str]]:
+  return [(_template_regex(bj), hf, t) for hf, bj, t in _rules(task)]
 
 
 def _fill(template: str, match: re.Match) -> str:
@@ -196,11 +248,29 @@ def hf_config_to_bert_config(hf_config: dict[str, Any]) -> BertConfig:
     raise UserError(f"config.json does not describe a valid BERT: {e}") from None
 
 
+def hf_task(hf_config: dict[str, Any]) -> tuple[str | None, int]:
+  """(the architecture in TASK_HEADS that config.json's `architectures` names, or None;
+  its number of labels: len(id2label), else num_labels, else 2)."""
+  tasks = [a for a in hf_config.get("architectures") or () if a in TASK_HEADS]
+  if len(tasks) > 1:
+    raise UserError(f"config.json names several task architectures {tasks}; keep the one these "
+                    "weights belong to.")
+  num_labels = len(hf_config["id2label"]) if hf_config.get("id2label") else hf_config.get(
+      "num_labels", 2)
+  return (tasks[0] if tasks else None), int(num_labels)
+
+
 def bert_config_to_hf_config(config: BertConfig,
-                             architectures: Iterable[str] = ("BertForPreTraining",)
-                             ) -> dict[str, Any]:
-  """bertjax BertConfig -> a transformers BertConfig dict (what config.json holds)."""
-  return {
+                             architectures: Iterable[str] = ("BertForPreTraining",),
+                             num_labels: int | None = None) -> dict[str, Any]:
+  """bertjax BertConfig -> a transformers BertConfig dict (what config.json holds).
+
+  `num_labels`, for a task head, is written as generic `id2label` / `label2id`.
+  """
+  labels = {} if num_labels is None else {
+      "id2label": {str(i): f"LABEL_{i}" for i in range(num_labels)},
+      "label2id": {f"LABEL_{i}": i for i in range(num_labels)}}
+  return {**labels,
       "architectures": list(architectures),
       "model_type": "bert",
       "vocab_size": config.vocab_size,
@@ -301,51 +371,67 @@ def load_hf_state_dict(hf_dir: str) -> dict[str, np.ndarray]:
 
 # --- the conversion -----------------------------------------------------------------------------
 
-def expected_shapes(config: BertConfig) -> dict[str, tuple[int, ...]]:
-  """{path: shape} of every parameter of bertjax's BertForPreTraining (no arrays built)."""
-  ids = jnp.zeros((1, 2), jnp.int32)
-  model = heads.BertForPreTraining(config)
+def _shapes(model: nn.Module, ids: jax.Array) -> dict[str, tuple[int, ...]]:
   tree = jax.eval_shape(
       lambda: model.init(jax.random.PRNGKey(0), ids, ids, ids, deterministic=True))
   flat = traverse_util.flatten_dict(nn.unbox(tree)["params"], sep="/")
   return {path: tuple(x.shape) for path, x in flat.items()}
 
 
-def _group(path: str) -> str:
-  return next((g for g in OPTIONAL_GROUPS if path.startswith(g)), REQUIRED_GROUP)
+def expected_shapes(config: BertConfig, task: str | None = None,
+                    num_labels: int = 2) -> dict[str, tuple[int, ...]]:
+  """{path: shape} of every parameter of bertjax's BertForPreTraining, plus those of the head of
+  `task` (an architecture in TASK_HEADS) with `num_labels` when given (no arrays built)."""
+  shapes = _shapes(heads.BertForPreTraining(config), jnp.zeros((1, 2), jnp.int32))
+  if task:
+    head = TASK_HEADS[task]
+    ids = jnp.zeros((1, 2, 2) if head.choices else (1, 2), jnp.int32)
+    shapes.update(_shapes(head.model(config, num_labels), ids))
+  return shapes
 
 
-def _hf_rule(name: str) -> tuple[str, str] | None:
+def _group(path: str, task: str | None) -> str:
+  groups = OPTIONAL_GROUPS + ((TASK_HEADS[task].name + "/",) if task else ())
+  return next((g for g in groups if path.startswith(g)), REQUIRED_GROUP)
+
+
+def _hf_rule(name: str, patterns: list[tuple[re.Pattern, str, str]]) -> tuple[str, str] | None:
   """(bertjax path, transform) for a Hugging Face name, or None when no rule matches."""
   short = name[len("bert."):] if name.startswith("bert.") else name
-  for pattern, path, transform in _HF_PATTERNS:
+  for pattern, path, transform in patterns:
     match = pattern.match(short)
     if match:
       return _fill(path, match), transform
   return None
 
 
-def from_hf(state_dict: dict[str, np.ndarray], config: BertConfig
-            ) -> tuple[dict[str, Any], ConversionReport]:
-  """Converts Hugging Face BERT weights to bertjax's BertForPreTraining parameters.
+def from_hf(state_dict: dict[str, np.ndarray], config: BertConfig, task: str | None = None,
+            num_labels: int = 2) -> tuple[dict[str, Any], ConversionReport]:
+  """Converts Hugging Face BERT weights to bertjax parameters.
 
   Args:
     state_dict: {Hugging Face name: array}, e.g. from `load_hf_state_dict`; names of BertModel
-      (prefix-less or 'bert.'), BertForPreTraining, BertForMaskedLM, or a task-head model.
+      (prefix-less or 'bert.'), BertForPreTraining, BertForMaskedLM, or a task model.
       Old names 'LayerNorm.gamma' / 'LayerNorm.beta' are read as 'weight' / 'bias'.
     config: the model's BertConfig (`hf_config_to_bert_config`).
+    task: for a task model, its architecture (a key of TASK_HEADS; `hf_task` reads it from
+      config.json), whose head is converted too; None for the others.
+    num_labels: the task head's number of labels (`hf_task`).
   Returns:
-    (params: nested dict of float32 numpy arrays in the layout of BertForPreTraining's "params",
-     without the groups the checkpoint lacks; report).
+    (params: nested dict of float32 numpy arrays in the layout of BertForPreTraining's "params"
+     plus the task head, without the groups the checkpoint lacks; report).
   Raises:
     UserError: naming every unmapped tensor, shape mismatch, unfilled encoder parameter, partly
       filled group, and untied decoder.
   """
-  expected = expected_shapes(config)
+  if task is not None and task not in TASK_HEADS:
+    raise ValueError(f"task must be one of {sorted(TASK_HEADS)}, not {task!r}")
+  expected = expected_shapes(config, task, num_labels)
+  patterns = _hf_patterns(task)
   problems: list[str] = []
   flat: dict[str, np.ndarray] = {}
   sources: dict[str, str] = {}
-  unused, ignored, tied = [], [], {}
+  ignored, tied = [], {}
   normals = {re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight",
                     re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", name)): name
              for name in state_dict}
@@ -361,10 +447,11 @@ def from_hf(state_dict: dict[str, np.ndarray], config: BertConfig
       tied[normal] = (name, array)
       ignored.append(name)
       continue
-    if _TASK_HEADS.match(normal):
-      unused.append(name)
+    rule = _hf_rule(normal, patterns)
+    if rule is None and _TASK_HEAD_TENSOR.match(normal):
+      problems.append(f"{name} {array.shape} belongs to a task head, but config.json's "
+                      "architectures does not name one of " + ", ".join(TASK_HEADS))
       continue
-    rule = _hf_rule(normal)
     if rule is None:
       problems.append(f"{name} {array.shape} matches no rule")
       continue
@@ -386,7 +473,7 @@ def from_hf(state_dict: dict[str, np.ndarray], config: BertConfig
   missing = []
   unfilled = sorted(set(expected) - set(flat))
   for path in unfilled:
-    group = _group(path)
+    group = _group(path, task)
     if group == REQUIRED_GROUP:
       problems.append(f"{path} {expected[path]} is not in the checkpoint")
     elif any(p.startswith(group) for p in flat):
@@ -413,45 +500,65 @@ def from_hf(state_dict: dict[str, np.ndarray], config: BertConfig
         f"cannot convert the Hugging Face checkpoint ({len(problems)} problems): "
         f"{_listing(problems)}. Check that config.json belongs to these weights and that they "
         "are a BERT (BertModel, BertForPreTraining, BertForMaskedLM or a BERT task model).")
-  report = ConversionReport(loaded=sorted(flat), missing=missing, unused=unused,
-                            ignored=ignored)
+  report = ConversionReport(loaded=sorted(flat), missing=missing, ignored=ignored, task=task)
   return traverse_util.unflatten_dict(flat, sep="/"), report
 
 
+def params_task(params: dict[str, Any]) -> tuple[str | None, int]:
+  """(the architecture in TASK_HEADS whose head `params` holds, or None; its num_labels).
+
+  Raises:
+    UserError: the parameters hold more than one task head (a Hugging Face model has one).
+  """
+  found = [task for task, head in TASK_HEADS.items() if head.name in params]
+  if len(found) > 1:
+    raise UserError(f"the parameters hold the heads of {found}; a Hugging Face model has one "
+                    "task head, so convert a checkpoint with one.")
+  if not found:
+    return None, 2
+  kernel = params[TASK_HEADS[found[0]].name].get("classifier", {}).get("kernel")
+  return found[0], (2 if kernel is None else int(np.shape(kernel)[-1]))
+
+
 def to_hf(params: dict[str, Any], config: BertConfig) -> dict[str, np.ndarray]:
-  """bertjax BertForPreTraining parameters -> Hugging Face BertForPreTraining tensors.
+  """bertjax parameters -> Hugging Face tensors of BertForPreTraining and the task head, if any.
 
   Args:
-    params: nested dict ('bert', 'masked_lm', 'next_sentence'), as `from_hf` or a train state
-      holds them; the pooler and the heads may be absent (their tensors are then not written).
+    params: nested dict ('bert', and any of 'masked_lm', 'next_sentence' and one task head), as
+      `from_hf` or a train state holds them; the pooler and the heads may be absent (their
+      tensors are then not written).
     config: the model's BertConfig.
   Returns:
-    {name: float32 contiguous numpy array}, 'bert.*' and 'cls.*' names; no tied decoder.
+    {name: float32 contiguous numpy array}: 'bert.*', 'cls.*' and the task head's names; no tied
+    decoder.
   Raises:
     UserError: a parameter no rule maps, a wrong shape, or a missing encoder parameter.
   """
-  expected = expected_shapes(config)
+  task, num_labels = params_task(params)
+  expected = expected_shapes(config, task, num_labels)
+  patterns = _bj_patterns(task)
   flat = traverse_util.flatten_dict(params, sep="/")
   problems, out = [], {}
   for path in sorted(flat):
     value = np.asarray(flat[path], np.float32)
     if path not in expected:
-      problems.append(f"{path} {value.shape} is not a parameter of BertForPreTraining")
+      problems.append(f"{path} {value.shape} is not a parameter of BertForPreTraining or of a "
+                      "task head")
       continue
     if value.shape != expected[path]:
       problems.append(f"{path} {value.shape}, the config expects {expected[path]}")
       continue
-    for pattern, hf, transform in _BJ_PATTERNS:
+    for pattern, hf, transform in patterns:
       match = pattern.match(path)
       if match:
         name = _fill(hf, match)
-        out[name if name.startswith("cls.") else "bert." + name] = np.ascontiguousarray(
-            _TRANSFORMS[transform](value))
+        out["bert." + name if name.startswith(_ENCODER_PREFIXES) else name] = (
+            np.ascontiguousarray(_TRANSFORMS[transform](value)))
         break
-    else:  # every BertForPreTraining parameter has a rule; a test checks this
+    else:  # every bertjax parameter has a rule; a test checks this
       problems.append(f"{path} matches no rule")
   for path in sorted(set(expected) - set(flat)):
-    group = _group(path)
+    group = _group(path, task)
     if group == REQUIRED_GROUP or any(p.startswith(group) for p in flat):
       problems.append(f"{path} {expected[path]} is missing")
   if problems:
@@ -462,7 +569,14 @@ def to_hf(params: dict[str, Any], config: BertConfig) -> dict[str, np.ndarray]:
 
 
 def hf_architecture(params: dict[str, Any]) -> str:
-  """The transformers class whose names `to_hf(params)` writes, by the heads present."""
+  """The transformers class whose names `to_hf(params)` writes, by the heads present.
+
+  With a task head, that task's class (pretraining heads, if also present, are written too and
+  transformers ignores them when it loads the task class).
+  """
+  task, _ = params_task(params)
+  if task:
+    return task
   has_mlm, has_nsp = "masked_lm" in params, "next_sentence" in params
   if has_mlm and has_nsp:
     return "BertForPreTraining"
@@ -522,11 +636,21 @@ def load_bert_config(directory: str) -> BertConfig:
 def load_bertjax_checkpoint(directory: str) -> tuple[dict[str, Any], BertConfig]:
   """The parameters and BertConfig of a bertjax checkpoint directory with bert_config.json.
 
-  Groups the checkpoint lacks (pooler, heads) are absent from the returned params.
+  Groups the checkpoint lacks (pooler, heads) are absent from the returned params; a task head
+  it holds (TASK_HEADS) is read with the number of labels it was saved with.
   """
   from bertjax import checkpoint  # pylint: disable=import-outside-toplevel
   config = load_bert_config(directory)
-  shapes = expected_shapes(config)
+  saved = checkpoint.saved_param_shapes(directory)
+  task, num_labels = None, 2
+  for name, head in TASK_HEADS.items():
+    kernel = saved.get(f"{head.name}/classifier/kernel")
+    if kernel is not None:
+      if task is not None:
+        raise UserError(f"{directory} holds the heads of both {task} and {name}; a Hugging Face "
+                        "model has one task head.")
+      task, num_labels = name, kernel[-1]
+  shapes = expected_shapes(config, task, num_labels)
   target = traverse_util.unflatten_dict(
       {p: jnp.zeros(s, config.storage_dtype) for p, s in shapes.items()}, sep="/")
   params, report = checkpoint.load_params(directory, target)

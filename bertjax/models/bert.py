@@ -179,12 +179,13 @@ class BertOutput(NamedTuple):
 
   Attributes:
     sequence_output: [batch, seq, hidden] the last layer's hidden states, in the compute dtype.
-    pooled_output: [batch, hidden] tanh(Dense(sequence_output[:, 0])), the [CLS] summary.
+    pooled_output: [batch, hidden] tanh(Dense(sequence_output[:, 0])), the [CLS] summary;
+      None for an encoder built with use_pooler=False.
     hidden_states: when asked for, num_layers + 1 arrays [batch, seq, hidden]: the embedding
       output, then each layer's output (the last equals sequence_output); otherwise None.
   """
   sequence_output: jax.Array
-  pooled_output: jax.Array
+  pooled_output: jax.Array | None
   hidden_states: tuple[jax.Array, ...] | None = None
 
 
@@ -367,14 +368,18 @@ class BertEncoder(nn.Module):
   """The whole BERT encoder: Embeddings -> Encoder -> Pooler.
 
   Written with `setup` (submodules `embeddings`, `encoder`, `pooler`) so that heads can call
-  `word_embedding_table()` to tie their decoder to the input embeddings.
+  `word_embedding_table()` to tie their decoder to the input embeddings. Models whose heads read
+  only the sequence output (span extraction, token tagging) set `use_pooler=False`: they then
+  have no pooler parameters, as Hugging Face's do not, and `pooled_output` is None.
   """
   config: BertConfig
+  use_pooler: bool = True
 
   def setup(self):
     self.embeddings = Embeddings(self.config)
     self.encoder = Encoder(self.config)
-    self.pooler = Pooler(self.config)
+    if self.use_pooler:
+      self.pooler = Pooler(self.config)
 
   def __call__(self, input_ids: jax.Array, segment_ids: jax.Array | None = None,
                input_mask: jax.Array | None = None, *, deterministic: bool,
@@ -388,7 +393,8 @@ class BertEncoder(nn.Module):
       deterministic: no dropout when True; when False the 'dropout' rng must be given.
       output_hidden_states: also return the embedding output and every layer's output.
     Returns:
-      BertOutput (sequence_output [batch, seq, hidden], pooled_output [batch, hidden], ...).
+      BertOutput (sequence_output [batch, seq, hidden], pooled_output [batch, hidden] or None
+      without a pooler, ...).
     """
     if segment_ids is None:
       segment_ids = jnp.zeros_like(input_ids)
@@ -399,7 +405,7 @@ class BertEncoder(nn.Module):
     sequence_output = outputs[-1]
     return BertOutput(
         sequence_output=sequence_output,
-        pooled_output=self.pooler(sequence_output),
+        pooled_output=self.pooler(sequence_output) if self.use_pooler else None,
         hidden_states=(x,) + outputs if output_hidden_states else None)
 
   def word_embedding_table(self) -> jax.Array:

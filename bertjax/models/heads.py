@@ -1,4 +1,8 @@
-"""Heads on the BERT encoder: pretraining (masked LM + next sentence) for now.
+"""Heads on the BERT encoder: pretraining (masked LM + next sentence) and the fine-tuning heads.
+
+Each head is a module on the encoder's output, and each `BertFor*` model is the encoder under
+'bert' plus its head(s) under a fixed name, so one checkpoint can hold any of them and
+`bertjax.checkpoint.load_params` matches them by path.
 
 Parameter tree of `BertForPreTraining` (logical axis names in parentheses; see
 `bertjax.models.bert` for the encoder under 'bert' and the meaning of the names):
@@ -15,6 +19,19 @@ Parameter tree of `BertForPreTraining` (logical axis names in parentheses; see
 
 There is no decoder kernel: the MLM decoder is tied to bert/embeddings/word_embeddings/embedding
 (logits = h @ table.T + output_bias), as in the original BERT.
+
+Fine-tuning models (N = num_labels); each head is dropout (`dropout_rate`) then one Dense,
+`{head}/classifier/kernel` [H, N] ('embed', None) and `{head}/classifier/bias` [N] (None,):
+
+  BertForSequenceClassification  bert/ (with pooler)     sequence_classification/  on [CLS] pooled
+                                                                (N = 1: regression, STS-B)
+  BertForMultipleChoice          bert/ (with pooler)     multiple_choice/  N = 1, one score a choice
+  BertForTokenClassification     bert/ (no pooler)       token_tagging/    on every token (NER)
+  BertForQuestionAnswering       bert/ (no pooler)       span/             N = 2: start, end logits
+                                                                (no dropout, as in BERT's SQuAD)
+
+These are the architectures of Hugging Face's classes of the same names, so converted weights
+give the same logits (`bertjax.convert.hf`).
 """
 from __future__ import annotations
 
@@ -110,3 +127,117 @@ class BertForPreTraining(nn.Module):
         out.sequence_output, encoder.word_embedding_table(), masked_lm_positions)
     nsp_logits = NextSentence(self.config, name="next_sentence")(out.pooled_output)
     return mlm_logits, nsp_logits
+
+
+class SequenceClassification(nn.Module):
+  """Classifier (or regressor, num_labels=1) on the pooled [CLS] output: dropout, Dense(N)."""
+  config: BertConfig
+  num_labels: int
+
+  @nn.compact
+  def __call__(self, pooled_output: jax.Array, *, deterministic: bool) -> jax.Array:
+    """[batch, hidden] -> float32 logits [batch, num_labels]."""
+    h = nn.Dropout(self.config.dropout_rate)(pooled_output, deterministic=deterministic)
+    return bert.make_dense(self.config, self.num_labels, ("embed", None), "classifier",
+                           dtype=jnp.float32)(h)
+
+
+class TokenTagging(nn.Module):
+  """Per-token classifier (NER): dropout, Dense(N) on every position of the sequence output."""
+  config: BertConfig
+  num_labels: int
+
+  @nn.compact
+  def __call__(self, sequence_output: jax.Array, *, deterministic: bool) -> jax.Array:
+    """[batch, seq, hidden] -> float32 logits [batch, seq, num_labels]."""
+    h = nn.Dropout(self.config.dropout_rate)(sequence_output, deterministic=deterministic)
+    return bert.make_dense(self.config, self.num_labels, ("embed", None), "classifier",
+                           dtype=jnp.float32)(h)
+
+
+class Span(nn.Module):
+  """Answer-span head (SQuAD): Dense(2) on every position gives start and end logits."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, sequence_output: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """[batch, seq, hidden] -> (start_logits, end_logits), each float32 [batch, seq]."""
+    logits = bert.make_dense(self.config, 2, ("embed", None), "classifier",
+                             dtype=jnp.float32)(sequence_output)  # [batch, seq, 2]
+    return logits[..., 0], logits[..., 1]
+
+
+class MultipleChoice(nn.Module):
+  """Choice scorer (SWAG): dropout, Dense(1) on each choice's pooled output."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, pooled_output: jax.Array, *, deterministic: bool) -> jax.Array:
+    """[batch, num_choices, hidden] -> float32 logits [batch, num_choices]."""
+    h = nn.Dropout(self.config.dropout_rate)(pooled_output, deterministic=deterministic)
+    return bert.make_dense(self.config, 1, ("embed", None), "classifier",
+                           dtype=jnp.float32)(h)[..., 0]
+
+
+class BertForSequenceClassification(nn.Module):
+  """BertEncoder ('bert') + SequenceClassification ('sequence_classification'): GLUE."""
+  config: BertConfig
+  num_labels: int
+
+  @nn.compact
+  def __call__(self, input_ids: jax.Array, segment_ids: jax.Array, input_mask: jax.Array, *,
+               deterministic: bool) -> jax.Array:
+    """[batch, seq] int32 inputs (as BertForPreTraining) -> float32 logits [batch, num_labels]."""
+    out = bert.BertEncoder(self.config, name="bert")(
+        input_ids, segment_ids, input_mask, deterministic=deterministic)
+    return SequenceClassification(self.config, self.num_labels, name="sequence_classification")(
+        out.pooled_output, deterministic=deterministic)
+
+
+class BertForTokenClassification(nn.Module):
+  """BertEncoder without pooler ('bert') + TokenTagging ('token_tagging'): NER."""
+  config: BertConfig
+  num_labels: int
+
+  @nn.compact
+  def __call__(self, input_ids: jax.Array, segment_ids: jax.Array, input_mask: jax.Array, *,
+               deterministic: bool) -> jax.Array:
+    """[batch, seq] int32 inputs -> float32 logits [batch, seq, num_labels]."""
+    out = bert.BertEncoder(self.config, use_pooler=False, name="bert")(
+        input_ids, segment_ids, input_mask, deterministic=deterministic)
+    return TokenTagging(self.config, self.num_labels, name="token_tagging")(
+        out.sequence_output, deterministic=deterministic)
+
+
+class BertForQuestionAnswering(nn.Module):
+  """BertEncoder without pooler ('bert') + Span ('span'): SQuAD."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, input_ids: jax.Array, segment_ids: jax.Array, input_mask: jax.Array, *,
+               deterministic: bool) -> tuple[jax.Array, jax.Array]:
+    """[batch, seq] int32 inputs -> (start_logits, end_logits), each float32 [batch, seq]."""
+    out = bert.BertEncoder(self.config, use_pooler=False, name="bert")(
+        input_ids, segment_ids, input_mask, deterministic=deterministic)
+    return Span(self.config, name="span")(out.sequence_output)
+
+
+class BertForMultipleChoice(nn.Module):
+  """BertEncoder ('bert') + MultipleChoice ('multiple_choice'): SWAG.
+
+  Each choice is one [CLS] context [SEP] ending [SEP] sequence; the choices of an example are
+  encoded as separate sequences and scored against each other.
+  """
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, input_ids: jax.Array, segment_ids: jax.Array, input_mask: jax.Array, *,
+               deterministic: bool) -> jax.Array:
+    """[batch, num_choices, seq] int32 inputs -> float32 logits [batch, num_choices]."""
+    batch, num_choices, seq = input_ids.shape
+    flat = lambda x: x.reshape(batch * num_choices, seq)  # one row per choice
+    out = bert.BertEncoder(self.config, name="bert")(
+        flat(input_ids), flat(segment_ids), flat(input_mask), deterministic=deterministic)
+    pooled = out.pooled_output.reshape(batch, num_choices, -1)
+    return MultipleChoice(self.config, name="multiple_choice")(
+        pooled, deterministic=deterministic)
