@@ -4,6 +4,14 @@ Versions are pinned to a set seen installing and working together on Python 3.11
 """
 import setuptools
 
+# TensorFlow reads Google's BERT checkpoints (bertjax.convert.tf). The CPU build is enough; it has
+# wheels for x86-64 Linux and Windows only, so other machines (macOS arm64, Linux aarch64) take
+# the full build of the same version.
+TENSORFLOW = [
+    'tensorflow-cpu==2.21.0; platform_machine == "x86_64" or platform_machine == "AMD64"',
+    'tensorflow==2.21.0; platform_machine != "x86_64" and platform_machine != "AMD64"',
+]
+
 setuptools.setup(
     name="bertjax",
     version="0.1.0",
@@ -29,9 +37,10 @@ setuptools.setup(
         "tensorboardX==2.6.5",
     ],
     extras_require={
-        # Reference peers for parity tests and benchmarks: torch's CPU build, transformers.
-        "test": ["pytest==9.2.0", "torch==2.13.0", "transformers==5.23.0"],
-        # Google's TF checkpoints and TFDS's tf.data path; large, so optional.
-        "tf": ["tensorflow"],
+        # Reference peers for parity tests and benchmarks: torch's CPU build, transformers;
+        # TensorFlow writes the Google checkpoints that tests/test_convert_tf.py converts.
+        "test": ["pytest==9.2.0", "torch==2.13.0", "transformers==5.23.0", *TENSORFLOW],
+        # Google's TF checkpoints and TFDS's tf.data path; large (~270 MB wheel), so optional.
+        "tf": TENSORFLOW,
     },
 )

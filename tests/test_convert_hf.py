@@ -553,5 +553,5 @@ def test_cli_as_module_errors_and_choices(tmp_path):
   assert result.returncode == 2 and "is not a directory" in result.stderr
   assert result.stderr.startswith("convert: error: --src=")
   assert not (tmp_path / "out").exists()
-  result = run("--from=tf", f"--src={tmp_path}", f"--dst={tmp_path / 'out'}")
-  assert result.returncode == 2 and "invalid choice: 'tf'" in result.stderr
+  result = run("--from=onnx", f"--src={tmp_path}", f"--dst={tmp_path / 'out'}")
+  assert result.returncode == 2 and "invalid choice: 'onnx'" in result.stderr

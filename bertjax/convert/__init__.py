@@ -1,5 +1,7 @@
 """Weight converters between bertjax and other BERT checkpoints.
 
   hf.py        Hugging Face transformers BERT <-> bertjax (a table of rules, both ways)
-  __main__.py  the command line: `python -m bertjax.convert --from=hf|--to=hf --src=... --dst=...`
+  tf.py        Google's original TF checkpoints -> bertjax (renamed to Hugging Face names by a
+               table of rules, then through hf.py)
+  __main__.py  the command line: `python -m bertjax.convert --from=hf|tf|--to=hf --src= --dst=`
 """

@@ -8,6 +8,10 @@
       OUT: a directory written by --from=hf (or any bertjax checkpoint directory with a
       bert_config.json). HF_DIR gets config.json, model.safetensors and the tokenizer files;
       transformers.BertForPreTraining.from_pretrained(HF_DIR) loads it.
+  python -m bertjax.convert --from=tf --src=GOOGLE_DIR --dst=OUT [--do_lower_case=true|false]
+      GOOGLE_DIR: a Google BERT release (bert_config.json, vocab.txt, bert_model.ckpt.*); needs
+      TensorFlow (pip install 'bertjax[tf]'). OUT as for --from=hf, plus tokenizer_config.json
+      with do_lower_case (given, else inferred from vocab.txt).
 
 The destination must not exist or be empty; nothing is ever overwritten. The task head of a
 Hugging Face fine-tuned model (sequence or token classification, question answering, multiple
@@ -22,6 +26,7 @@ import shutil
 import sys
 
 from bertjax.convert import hf
+from bertjax.convert import tf
 from bertjax.errors import UserError
 
 
@@ -46,6 +51,13 @@ def from_hf_dir(src: str, dst: str) -> hf.ConversionReport:
   params, report = hf.from_hf(hf.load_hf_state_dict(src), config, task, num_labels)
   hf.save_bertjax_checkpoint(dst, params, config, hf.tokenizer_files(src))
   return report
+
+
+def from_tf_dir(src: str, dst: str, do_lower_case: bool | None = None) -> tf.TfConversion:
+  """GOOGLE_DIR -> a bertjax checkpoint directory; returns what was done."""
+  _check_src(src)
+  _check_dst(dst)
+  return tf.convert_dir(src, dst, do_lower_case)
 
 
 def to_hf_dir(src: str, dst: str) -> str:
@@ -73,13 +85,17 @@ def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(
       prog="convert", description="Convert BERT checkpoints between Hugging Face and bertjax.")
   direction = parser.add_mutually_exclusive_group(required=True)
-  direction.add_argument("--from", dest="source", choices=["hf"],
+  direction.add_argument("--from", dest="source", choices=["hf", "tf"],
                          help="convert a checkpoint of this format to bertjax")
   direction.add_argument("--to", dest="target", choices=["hf"],
                          help="convert a bertjax checkpoint to this format")
   parser.add_argument("--src", required=True, help="the directory to convert")
   parser.add_argument("--dst", required=True, help="a new (or empty) directory to write")
+  parser.add_argument("--do_lower_case", choices=["true", "false"], type=str.lower,
+                      help="--from=tf: the tokenizer's casing (default: inferred from vocab.txt)")
   args = parser.parse_args(argv)
+  if args.do_lower_case is not None and args.source != "tf":
+    parser.error("--do_lower_case applies only to --from=tf")
   try:
     if args.source == "hf":
       report = from_hf_dir(args.src, args.dst)
@@ -88,6 +104,19 @@ def main(argv: list[str] | None = None) -> int:
       if report.missing:
         print(f"not in the checkpoint, freshly initialised when loaded ({len(report.missing)}): "
               + ", ".join(report.missing))
+    elif args.source == "tf":
+      lowercase = None if args.do_lower_case is None else args.do_lower_case == "true"
+      done = from_tf_dir(args.src, args.dst, lowercase)
+      print(f"converted {len(done.report.loaded)} parameters from {done.checkpoint} to "
+            f"{args.dst}")
+      if done.report.missing:
+        print(f"not in the checkpoint, freshly initialised when loaded "
+              f"({len(done.report.missing)}): " + ", ".join(done.report.missing))
+      if done.ignored:
+        print(f"ignored {len(done.ignored)} optimizer variables (global_step, Adam slots), not "
+              "converted")
+      print(f"tokenizer: do_lower_case={str(done.do_lower_case).lower()} "
+            f"({'uncased' if done.do_lower_case else 'cased'}), {done.do_lower_case_from}")
     else:
       architecture = to_hf_dir(args.src, args.dst)
       print(f"wrote {architecture} weights from {args.src} to {args.dst}")
