@@ -1,10 +1,10 @@
-"""Benchmark of the pretraining train step: bertjax against Hugging Face transformers (PyTorch).
+"""Benchmark of the pretraining train step: bertjax against Hugging Face transformers.
 
   python -m bertjax.bench --size=tiny,mini,base --batch_size=32 --seq_len=128 \
       [--max_predictions=20] [--steps=20] [--warmup=3] [--dtype=float32|bfloat16] \
-      [--peers=bertjax,torch] [--vocab_size=30522] [--json=OUT.json]
+      [--peers=bertjax,torch,hf_flax] [--vocab_size=30522] [--json=OUT.json]
 
-Both peers run on the same machine, in one process, on the same random batch (every token real,
+The peers run on the same machine, in one process, on the same random batch (every token real,
 `max_predictions` masked positions per example), and do the whole step: forward with dropout 0.1,
 MLM + NSP loss, backward, clipping to global norm 1.0 and an AdamW update.
 
@@ -16,16 +16,26 @@ MLM + NSP loss, backward, clipping to global norm 1.0 and an AdamW update.
   `torch.autocast` with float32 parameters, as bertjax keeps float32 parameters and computes in
   bfloat16. On a GPU, float32 matmuls may use TF32 in both (JAX's default precision; torch is set
   to `set_float32_matmul_precision("high")` to match).
+- hf_flax: transformers' `FlaxBertForPreTraining` (Flax linen), called with `train=True` and a
+  dropout rng; loss = MLM cross-entropy in float32 at every position, averaged over the masked
+  ones (as the torch peer's labels -100 do) + NSP; `optax.chain(clip_by_global_norm(1.0),
+  adamw(1e-4, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01))`; one `jax.jit` step with donated
+  params and optimizer state. bfloat16 is its `dtype=jnp.bfloat16` (compute dtype; parameters
+  stay float32). transformers 5 removed Flax; 4.57.6, the last release with it, runs on this jax
+  and flax when installed without its [flax] extra, but in a virtual environment of its own:
+  `pip install -e . torch==2.13.0`, then `pip install transformers==4.57.6` (pip moves tokenizers
+  to 0.22.x and huggingface_hub below 1.0 for it, and the [test] extra's transformers 5 tests do
+  not run there). The default --peers include hf_flax only where FlaxBertForPreTraining imports.
 
-What differs by design: HF scores the vocabulary at every position (logits [batch, seq, vocab])
-and then drops the ~85% of them without a label; bertjax gathers the masked positions first, as
-the original BERT does. That saving is part of what is compared.
+What differs by design: HF, in torch and in Flax, scores the vocabulary at every position
+(logits [batch, seq, vocab]) and then drops the ~85% of them without a label; bertjax gathers the
+masked positions first, as the original BERT does. That saving is part of what is compared.
 
 Timing: each step is timed alone, blocked to completion (`jax.block_until_ready` on the new state
 and metrics; `torch.cuda.synchronize()` on a GPU), after `--warmup` untimed steps (which include
 compilation); the step time reported is the median of `--steps` steps.
 
-Model FLOPs per step (`model_flops`), the same formula for both peers so the ratio is of useful
+Model FLOPs per step (`model_flops`), the same formula for every peer so the ratio is of useful
 work; it counts matmul weights only (biases, LayerNorm, softmax, GELU, embedding lookups and the
 optimizer are left out), 2 FLOPs per multiply-add, x3 for forward + backward:
   6 * tokens * L * (4 H^2 + 2 H F)           q, k, v, output and feed-forward matmuls
@@ -37,15 +47,21 @@ with B = batch, S = seq_len, tokens = B * S, L layers, H hidden, F intermediate,
 full-sequence logits do 6 * B * (S - P) * H * (V + H) more, which this count leaves out.
 MFU = model FLOPs / step time / the device's peak (dense, for the dtype), where known.
 
-Peak memory: on a GPU, jax's `peak_bytes_in_use` of the device (for the process so far, so
-compilation scratch included) and `torch.cuda.max_memory_allocated` (reset before the peer); on
+Peak memory: on a GPU, jax's `peak_bytes_in_use` of the device and
+`torch.cuda.max_memory_allocated` (reset before the peer). jax's figure cannot be reset: it is the
+high-water mark of the process so far, compilation scratch included, so the second JAX peer of a
+size (hf_flax after bertjax, or any JAX peer after a larger size) reports the larger of its own
+peak and the earlier ones (run `--peers=hf_flax` with one --size for its own figure). On
 CPU, the peak resident memory of the process during the timed steps less its resident memory
 before the peer was set up (Linux: VmHWM, reset after the warmup, so the compiler's transient
-memory is left out; elsewhere the growth of ru_maxrss).
+memory is left out; elsewhere the growth of ru_maxrss). The first JAX peer in the process also
+carries what the XLA runtime and compiler keep resident (some hundreds of MiB on CPU at BERT-tiny),
+so to compare the two JAX peers' CPU memory, run each alone.
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import resource
@@ -64,7 +80,7 @@ from bertjax.errors import UserError  # pylint: disable=wrong-import-position
 from bertjax.models import bert  # pylint: disable=wrong-import-position
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PEERS = ("bertjax", "torch")
+PEERS = ("bertjax", "torch", "hf_flax")
 DTYPES = ("float32", "bfloat16")
 # Dense peak FLOP/s per device by (device-name substring, dtype); the first match wins. float32
 # on GPUs is the TF32 tensor-core peak (both peers may use TF32); on TPUs JAX's default precision
@@ -79,8 +95,14 @@ PEAK_FLOPS: tuple[tuple[str, str, float], ...] = (
     ("TPU v5p", "bfloat16", 459e12), ("TPU v5p", "float32", 459e12),
     ("TPU v5", "bfloat16", 459e12), ("TPU v5", "float32", 459e12),
 )
-HF_LOGITS_NOTE = ("HF computes MLM logits at every position; bertjax gathers the masked ones "
-                  "first (as original BERT). model_flops counts the gathered positions for both.")
+HF_LOGITS_NOTE = ("HF (torch and Flax) computes MLM logits at every position; bertjax gathers the "
+                  "masked ones first (as original BERT). model_flops counts the gathered "
+                  "positions for every peer.")
+HF_FLAX_MISSING = (
+    "--peers=hf_flax needs transformers' FlaxBertForPreTraining, which the installed transformers "
+    "lacks (5.x removed Flax); make a separate virtual environment: python3 -m venv flaxvenv && "
+    "flaxvenv/bin/pip install -e . torch==2.13.0 && flaxvenv/bin/pip install transformers==4.57.6 "
+    "(without its [flax] extra), and run the benchmark with flaxvenv/bin/python, or drop hf_flax.")
 
 
 def peak_flops(device_name: str, dtype: str) -> float | None:
@@ -239,6 +261,97 @@ def bench_bertjax(size: str, batch: dict[str, np.ndarray], vocab_size: int, dtyp
               platform=device.platform)
 
 
+def _hf_config(config: bert.BertConfig):
+  """transformers.BertConfig of the same size as `config`, with the paper's dropout 0.1."""
+  import transformers  # pylint: disable=import-outside-toplevel
+  return transformers.BertConfig(
+      vocab_size=config.vocab_size, hidden_size=config.hidden_size,
+      num_hidden_layers=config.num_layers, num_attention_heads=config.num_heads,
+      intermediate_size=config.intermediate_size,
+      max_position_embeddings=config.max_position_embeddings, hidden_act="gelu",
+      hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
+      layer_norm_eps=config.layer_norm_eps)
+
+
+def flax_bert_for_pretraining():
+  """transformers' FlaxBertForPreTraining class, or None where the installed transformers has none.
+
+  transformers 5 removed its Flax models; 4.57.6 is the last release with them.
+  """
+  try:
+    from transformers import FlaxBertForPreTraining  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    return None
+  return FlaxBertForPreTraining
+
+
+def default_peers() -> tuple[str, ...]:
+  """Every peer when transformers has FlaxBertForPreTraining, otherwise bertjax and torch."""
+  return PEERS if flax_bert_for_pretraining() is not None else ("bertjax", "torch")
+
+
+def bench_hf_flax(config: bert.BertConfig, batch: dict[str, np.ndarray], dtype: str, steps: int,
+                  warmup: int) -> dict[str, Any]:
+  """Times a jitted train step of transformers' FlaxBertForPreTraining; returns the same fields."""
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  import optax  # pylint: disable=import-outside-toplevel
+  model_class = flax_bert_for_pretraining()
+  device = jax.devices()[0]
+  memory = _CpuPeakMemory()
+  memory.start()
+  # Parameters stay float32; `dtype` is the compute dtype, as in bertjax.
+  model = model_class(_hf_config(config), seed=0, dtype=jnp.dtype(dtype))
+  tx = optax.chain(optax.clip_by_global_norm(1.0),
+                   optax.adamw(1e-4, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01))
+  params = model.params
+  opt_state = tx.init(params)
+  # MLM labels [batch, seq]: the masked token at each masked position, 0 (weight 0) elsewhere.
+  labels = np.zeros(batch["input_ids"].shape, np.int32)
+  weights = np.zeros(batch["input_ids"].shape, np.float32)
+  np.put_along_axis(labels, batch["masked_lm_positions"], batch["masked_lm_ids"], axis=1)
+  np.put_along_axis(weights, batch["masked_lm_positions"], 1.0, axis=1)
+  inputs = jax.device_put(dict(
+      input_ids=batch["input_ids"], token_type_ids=batch["segment_ids"],
+      attention_mask=batch["input_mask"], labels=labels, weights=weights,
+      next_sentence_label=batch["next_sentence_label"]))
+
+  def loss_fn(params, inputs, dropout_rng):
+    out = model(inputs["input_ids"], attention_mask=inputs["attention_mask"],
+                token_type_ids=inputs["token_type_ids"], params=params,
+                dropout_rng=dropout_rng, train=True)
+    # prediction_logits [batch, seq, vocab]: cross-entropy at every position in float32, averaged
+    # over the masked ones (as the torch peer's loss with labels -100 elsewhere).
+    mlm = optax.softmax_cross_entropy_with_integer_labels(
+        out.prediction_logits.astype(jnp.float32), inputs["labels"])
+    mlm = jnp.sum(mlm * inputs["weights"]) / jnp.sum(inputs["weights"])
+    nsp = optax.softmax_cross_entropy_with_integer_labels(
+        out.seq_relationship_logits.astype(jnp.float32), inputs["next_sentence_label"])
+    return mlm + jnp.mean(nsp)
+
+  @functools.partial(jax.jit, donate_argnums=(0, 1))
+  def train_step(params, opt_state, rng, inputs):
+    rng, dropout_rng = jax.random.split(rng)
+    loss, grads = jax.value_and_grad(loss_fn)(params, inputs, dropout_rng)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, rng, loss
+
+  rng = jax.random.key(0)
+
+  def step():
+    nonlocal params, opt_state, rng
+    params, opt_state, rng, loss = train_step(params, opt_state, rng, inputs)
+    jax.block_until_ready((params, opt_state, loss))
+
+  times = _time_steps(step, steps, warmup, memory.reset_peak)
+  if device.platform == "cpu":
+    peak = memory.delta()
+  else:
+    peak = (device.memory_stats() or {}).get("peak_bytes_in_use", 0)
+  del params, opt_state
+  return dict(step_times_s=times, peak_memory_bytes=int(peak), device=device.device_kind,
+              platform=device.platform)
+
+
 def bench_torch(config: bert.BertConfig, batch: dict[str, np.ndarray], dtype: str, steps: int,
                 warmup: int) -> dict[str, Any]:
   """Times a Hugging Face BertForPreTraining train step; returns the same fields."""
@@ -254,13 +367,7 @@ def bench_torch(config: bert.BertConfig, batch: dict[str, np.ndarray], dtype: st
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
   memory.start()
-  hf_config = transformers.BertConfig(
-      vocab_size=config.vocab_size, hidden_size=config.hidden_size,
-      num_hidden_layers=config.num_layers, num_attention_heads=config.num_heads,
-      intermediate_size=config.intermediate_size,
-      max_position_embeddings=config.max_position_embeddings, hidden_act="gelu",
-      hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
-      layer_norm_eps=config.layer_norm_eps)
+  hf_config = _hf_config(config)
   model = transformers.BertForPreTraining(hf_config).to(device)
   model.train()
   optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.999), eps=1e-6,
@@ -305,9 +412,11 @@ def _check(sizes: Sequence[str], peers: Sequence[str], dtype: str, **positive: i
     raise UserError(f"--size is empty; give one or more of {','.join(bert.SIZES)}.")
   for peer in peers:
     if peer not in PEERS:
-      raise UserError(f"unknown --peers entry {peer!r}; use one or both of {','.join(PEERS)}.")
+      raise UserError(f"unknown --peers entry {peer!r}; use one or more of {','.join(PEERS)}.")
   if not peers:
-    raise UserError(f"--peers is empty; give one or both of {','.join(PEERS)}.")
+    raise UserError(f"--peers is empty; give one or more of {','.join(PEERS)}.")
+  if "hf_flax" in peers and flax_bert_for_pretraining() is None:
+    raise UserError(HF_FLAX_MISSING)
   if dtype not in DTYPES:
     raise UserError(f"unknown --dtype {dtype!r}; use one of {', '.join(DTYPES)}.")
   for name, value in positive.items():
@@ -320,17 +429,18 @@ def _check(sizes: Sequence[str], peers: Sequence[str], dtype: str, **positive: i
     raise UserError(f"--vocab_size={positive['vocab_size']}; use 6 or more (5 special ids).")
 
 
-def run(sizes: Sequence[str] = ("tiny",), peers: Sequence[str] = PEERS, batch_size: int = 32,
+def run(sizes: Sequence[str] = ("tiny",), peers: Sequence[str] | None = None, batch_size: int = 32,
         seq_len: int = 128, max_predictions: int = 20, steps: int = 20, warmup: int = 3,
         dtype: str = "float32", vocab_size: int = 30522) -> list[dict[str, Any]]:
-  """Benchmarks each peer at each size; returns one row per (size, peer).
+  """Benchmarks each peer (default: `default_peers()`) at each size; one row per (size, peer).
 
   Returns:
     rows with size, peer, device, platform, dtype, batch_size, seq_len, max_predictions, steps,
     step_ms (median), step_ms_min, tokens_per_s, examples_per_s, peak_memory_bytes, model_flops,
-    achieved_flops_per_s, mfu (None where the peak is unknown), and on bertjax rows with a torch
-    row of the same size, speedup_vs_torch (bertjax tokens/s / torch tokens/s).
+    achieved_flops_per_s, mfu (None where the peak is unknown), and on bertjax rows, for each
+    other peer of the same size, speedup_vs_<peer> (bertjax tokens/s / that peer's tokens/s).
   """
+  peers = default_peers() if peers is None else peers
   _check(sizes, peers, dtype, batch_size=batch_size, seq_len=seq_len,
          max_predictions=max_predictions, steps=steps, warmup=warmup, vocab_size=vocab_size)
   rows = []
@@ -343,8 +453,10 @@ def run(sizes: Sequence[str] = ("tiny",), peers: Sequence[str] = PEERS, batch_si
     for peer in peers:
       if peer == "bertjax":
         result = bench_bertjax(size, batch, vocab_size, dtype, steps, warmup)
-      else:
+      elif peer == "torch":
         result = bench_torch(config, batch, dtype, steps, warmup)
+      else:
+        result = bench_hf_flax(config, batch, dtype, steps, warmup)
       step_s = statistics.median(result["step_times_s"])
       peak = peak_flops(result["device"], dtype) if result["platform"] != "cpu" else None
       row = dict(size=size, peer=peer, device=result["device"], platform=result["platform"],
@@ -359,26 +471,32 @@ def run(sizes: Sequence[str] = ("tiny",), peers: Sequence[str] = PEERS, batch_si
         row["attention"] = result["attention"]
       by_peer[peer] = row
       rows.append(row)
-    if "bertjax" in by_peer and "torch" in by_peer:
-      by_peer["bertjax"]["speedup_vs_torch"] = (by_peer["bertjax"]["tokens_per_s"]
-                                                / by_peer["torch"]["tokens_per_s"])
+    for peer, row in by_peer.items():
+      if "bertjax" in by_peer and peer != "bertjax":
+        by_peer["bertjax"][f"speedup_vs_{peer}"] = (by_peer["bertjax"]["tokens_per_s"]
+                                                    / row["tokens_per_s"])
   return rows
 
 
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
-  """The rows as a fixed-width text table, then the notes."""
+  """The rows as a fixed-width text table, then the notes.
+
+  The ratio columns (`jax/torch`, `jax/hf_flax`: bertjax tokens/s over the peer's) are those of
+  the peers present, on the bertjax rows.
+  """
+  others = [p for p in PEERS if p != "bertjax" and any(r["peer"] == p for r in rows)]
   header = (f"{'size':<7} {'peer':<8} {'device':<22} {'dtype':<9} {'step ms':>9} "
-            f"{'tokens/s':>11} {'ex/s':>9} {'peak MiB':>9} {'GFLOP/step':>11} {'MFU':>7} "
-            f"{'jax/torch':>9}")
+            f"{'tokens/s':>11} {'ex/s':>9} {'peak MiB':>9} {'GFLOP/step':>11} {'MFU':>7}"
+            + "".join(f" {'jax/' + p:>11}" for p in others))
   lines = [header, "-" * len(header)]
   for r in rows:
     mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
-    ratio = f"{r['speedup_vs_torch']:.2f}x" if "speedup_vs_torch" in r else ""
+    ratios = [f"{r[f'speedup_vs_{p}']:.2f}x" if f"speedup_vs_{p}" in r else "" for p in others]
     lines.append(
         f"{r['size']:<7} {r['peer']:<8} {r['device'][:22]:<22} {r['dtype']:<9} "
         f"{r['step_ms']:>9.2f} {r['tokens_per_s']:>11.0f} {r['examples_per_s']:>9.1f} "
-        f"{r['peak_memory_bytes'] / 2**20:>9.1f} {r['model_flops'] / 1e9:>11.3f} {mfu:>7} "
-        f"{ratio:>9}")
+        f"{r['peak_memory_bytes'] / 2**20:>9.1f} {r['model_flops'] / 1e9:>11.3f} {mfu:>7}"
+        + "".join(f" {ratio:>11}" for ratio in ratios))
   if rows:
     r = rows[0]
     lines.append(f"batch {r['batch_size']} x seq {r['seq_len']}, {r['max_predictions']} "
@@ -398,7 +516,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
   parser = argparse.ArgumentParser(prog="python -m bertjax.bench", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--size", default="tiny", help="comma-separated BERT sizes")
-  parser.add_argument("--peers", default=",".join(PEERS), help="bertjax, torch or both")
+  parser.add_argument("--peers", default=None, help=(
+      "comma-separated, of bertjax, torch, hf_flax (default: all three where transformers has "
+      "FlaxBertForPreTraining, otherwise bertjax,torch)"))
   parser.add_argument("--batch_size", type=int, default=32)
   parser.add_argument("--seq_len", type=int, default=128)
   parser.add_argument("--max_predictions", type=int, default=20)
@@ -409,7 +529,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
   parser.add_argument("--json", default="", help="also write the rows to this JSON file")
   args = parser.parse_args(argv)
   try:
-    rows = run(sizes=_csv(args.size), peers=_csv(args.peers), batch_size=args.batch_size,
+    rows = run(sizes=_csv(args.size), peers=None if args.peers is None else _csv(args.peers),
+               batch_size=args.batch_size,
                seq_len=args.seq_len, max_predictions=args.max_predictions, steps=args.steps,
                warmup=args.warmup, dtype=args.dtype, vocab_size=args.vocab_size)
   except UserError as e:

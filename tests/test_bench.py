@@ -1,4 +1,8 @@
-"""Tests of bertjax.bench: both peers run at tiny shapes, the FLOP formula, bad arguments."""
+"""Tests of bertjax.bench: the peers run at tiny shapes, the FLOP formula, bad arguments.
+
+The hf_flax peer needs transformers 4.57.6 (the last with Flax), which the [test] extra's
+transformers 5 replaces; its real run is the one test here that skips without it.
+"""
 import json
 import math
 
@@ -11,16 +15,8 @@ from bertjax.models import bert
 TINY = dict(batch_size=4, seq_len=16, max_predictions=3, steps=2, warmup=1, vocab_size=128)
 
 
-def test_both_peers_report_positive_finite_figures(tmp_path, capsys):
-  out = tmp_path / "bench.json"
-  rows = bench.main(["--size=tiny", "--peers=bertjax,torch", "--batch_size=4", "--seq_len=16",
-                     "--max_predictions=3", "--steps=2", "--warmup=1", "--vocab_size=128",
-                     f"--json={out}"])
-  table = capsys.readouterr().out
-  assert "jax/torch" in table and "tiny" in table and "gathers the masked ones" in table
-  written = json.loads(out.read_text())
-  assert written["rows"] == json.loads(json.dumps(rows))
-  assert [(r["size"], r["peer"]) for r in rows] == [("tiny", "bertjax"), ("tiny", "torch")]
+def _check_figures(rows):
+  """Every row's figures are positive, finite and consistent with TINY's shapes."""
   flops = bench.model_flops(bert.bert_config("tiny", vocab_size=128), 4, 16, 3)
   for r in rows:
     for key in ("step_ms", "step_ms_min", "tokens_per_s", "examples_per_s",
@@ -32,10 +28,62 @@ def test_both_peers_report_positive_finite_figures(tmp_path, capsys):
     assert r["tokens_per_s"] == pytest.approx(4 * 16 * 1e3 / r["step_ms"])
     assert r["step_ms_min"] <= r["step_ms"]
     assert r["platform"] != "cpu" or r["mfu"] is None  # no known peak for a CPU
+
+
+def test_both_peers_report_positive_finite_figures(tmp_path, capsys):
+  out = tmp_path / "bench.json"
+  rows = bench.main(["--size=tiny", "--peers=bertjax,torch", "--batch_size=4", "--seq_len=16",
+                     "--max_predictions=3", "--steps=2", "--warmup=1", "--vocab_size=128",
+                     f"--json={out}"])
+  table = capsys.readouterr().out
+  assert "jax/torch" in table and "tiny" in table and "gathers the masked ones" in table
+  written = json.loads(out.read_text())
+  assert written["rows"] == json.loads(json.dumps(rows))
+  assert [(r["size"], r["peer"]) for r in rows] == [("tiny", "bertjax"), ("tiny", "torch")]
+  _check_figures(rows)
   jax_row, torch_row = rows
   assert jax_row["speedup_vs_torch"] == pytest.approx(
       jax_row["tokens_per_s"] / torch_row["tokens_per_s"])
   assert "speedup_vs_torch" not in torch_row
+  assert "jax/hf_flax" not in table and "speedup_vs_hf_flax" not in jax_row
+
+
+@pytest.mark.skipif(bench.flax_bert_for_pretraining() is None,
+                    reason="this transformers has no FlaxBertForPreTraining (transformers 5 "
+                    "removed Flax); run in a venv with transformers==4.57.6")
+def test_hf_flax_peer_reports_positive_finite_figures(capsys):
+  rows = bench.main(["--size=tiny", "--peers=bertjax,hf_flax", "--batch_size=4", "--seq_len=16",
+                     "--max_predictions=3", "--steps=1", "--warmup=1", "--vocab_size=128"])
+  table = capsys.readouterr().out
+  assert "jax/hf_flax" in table and "jax/torch" not in table
+  assert [(r["size"], r["peer"]) for r in rows] == [("tiny", "bertjax"), ("tiny", "hf_flax")]
+  _check_figures(rows)
+  jax_row, flax_row = rows
+  assert jax_row["speedup_vs_hf_flax"] == pytest.approx(
+      jax_row["tokens_per_s"] / flax_row["tokens_per_s"])
+  assert "speedup_vs_hf_flax" not in flax_row and "speedup_vs_torch" not in jax_row
+
+
+def test_flax_bert_found_only_before_transformers_5():
+  transformers = pytest.importorskip("transformers")
+  major = int(transformers.__version__.split(".")[0])
+  assert (bench.flax_bert_for_pretraining() is None) == (major >= 5)
+  assert ("hf_flax" in bench.default_peers()) == (major < 5)
+  if major >= 5:  # the real unavailable path, not patched
+    with pytest.raises(UserError, match="FlaxBertForPreTraining"):
+      bench.run(**{**TINY, "peers": ["hf_flax"]})
+
+
+def test_hf_flax_without_flax_bert_is_a_user_error(monkeypatch, capsys):
+  monkeypatch.setattr(bench, "flax_bert_for_pretraining", lambda: None)
+  assert bench.default_peers() == ("bertjax", "torch")
+  with pytest.raises(UserError, match=r"FlaxBertForPreTraining.*transformers==4\.57\.6"):
+    bench.run(**{**TINY, "peers": ["bertjax", "hf_flax"]})
+  with pytest.raises(SystemExit) as exit_info:
+    bench.main(["--size=tiny", "--peers=hf_flax"])
+  assert exit_info.value.code == 2
+  err = capsys.readouterr().err
+  assert err.startswith("bertjax.bench: error: --peers=hf_flax needs") and err.count("\n") == 1
 
 
 def test_model_flops_by_hand():
