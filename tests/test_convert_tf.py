@@ -185,6 +185,50 @@ def test_cli_converts_with_parity(tmp_path, release, model, capsys):
   _close(nsp, theirs.seq_relationship_logits)
 
 
+@pytest.mark.parametrize("hf_cls,head", [
+    (transformers.BertForSequenceClassification, "output_"),  # run_classifier.py, 3 labels
+    (transformers.BertForQuestionAnswering, "cls/squad/"),    # run_squad.py
+])
+def test_cli_converts_fine_tuned_checkpoints_with_their_head(tmp_path, hf_cls, head, capsys):
+  """A checkpoint as Google's fine-tuning scripts leave it (model.ckpt-STEP, BertModel's
+  variables plus the script's head, Adam slots) converts with its head; logits agree."""
+  torch.manual_seed(2)
+  num_labels = 3 if head == "output_" else 2  # start, end
+  task_model = hf_cls(transformers.BertConfig(**GOOGLE_CONFIG, num_labels=num_labels)).eval()
+  pretraining = transformers.BertForPreTraining(transformers.BertConfig(**GOOGLE_CONFIG))
+  pretraining.bert.load_state_dict(task_model.bert.state_dict(), strict=False)
+  variables = {k: v for k, v in _google_variables(pretraining).items() if k.startswith("bert/")}
+  w = {k: v.detach().numpy() for k, v in task_model.state_dict().items()}
+  if head == "output_":  # run_classifier.py: [num_labels, hidden] at the root
+    variables.update(output_weights=w["classifier.weight"], output_bias=w["classifier.bias"])
+  else:  # run_squad.py: [2, hidden] under cls/squad
+    variables.update({"cls/squad/output_weights": w["qa_outputs.weight"],
+                      "cls/squad/output_bias": w["qa_outputs.bias"]})
+  src = tmp_path / "fine_tuned"
+  os.makedirs(src)
+  (src / "bert_config.json").write_text(json.dumps(GOOGLE_CONFIG))
+  (src / "vocab.txt").write_text("".join(t + "\n" for t in UNCASED))
+  _save_ckpt(str(src / "model.ckpt-100"), _with_training_state(variables))
+
+  assert cli.main(["--from=tf", f"--src={src}", f"--dst={tmp_path / 'out'}"]) == 0
+  assert f"with the task head of {hf_cls.__name__}" in capsys.readouterr().out
+  params, config = hf.load_bertjax_checkpoint(str(tmp_path / "out"))
+  ids, segments, mask = batch = _batch()
+  with torch.no_grad():
+    theirs = task_model(torch.tensor(ids), attention_mask=torch.tensor(mask),
+                        token_type_ids=torch.tensor(segments))
+  if head == "output_":
+    logits = heads.BertForSequenceClassification(config, 3).apply(
+        {"params": params}, *batch, deterministic=True)
+    assert logits.shape == (3, 3)
+    _close(logits, theirs.logits)
+  else:
+    start, end = heads.BertForQuestionAnswering(config).apply({"params": params}, *batch,
+                                                              deterministic=True)
+    _close(start, theirs.start_logits)
+    _close(end, theirs.end_logits)
+
+
 def test_cli_cased_inferred_and_overridden(tmp_path, variables, capsys):
   cased = _write_release(tmp_path / "cased", variables, CASED)
   assert cli.main(["--from=tf", f"--src={cased}", f"--dst={tmp_path / 'a'}"]) == 0
@@ -262,12 +306,12 @@ def test_cli_garbled_files(tmp_path, variables, capsys):
 def test_cli_unmapped_and_wrong_shape_name_the_google_variables(tmp_path, variables, capsys):
   bad = {**variables,
          "bert/encoder/layer_0/attention/self/gate/kernel": np.zeros((32, 32), np.float32),
-         "output_weights": np.zeros((3, 32), np.float32),  # a run_classifier.py head
+         "cls/ner/output_weights": np.zeros((3, 32), np.float32),  # no such head in BERT
          "bert/encoder/layer_1/intermediate/dense/kernel": np.zeros((37, 32), np.float32)}
   src = _write_release(tmp_path / "a", _with_training_state(bad), UNCASED)
   _refused(tmp_path, src, capsys,
            "2 variables match no rule: bert/encoder/layer_0/attention/self/gate/kernel (32, 32), "
-           "output_weights (3, 32)",
+           "cls/ner/output_weights (3, 32)",
            "bert/encoder/layer_1/intermediate/dense/kernel (37, 32) does not fit "
            "bert_config.json, which gives (32, 37) (hidden_size, intermediate_size)")
 

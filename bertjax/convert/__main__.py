@@ -108,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
       lowercase = None if args.do_lower_case is None else args.do_lower_case == "true"
       done = from_tf_dir(args.src, args.dst, lowercase)
       print(f"converted {len(done.report.loaded)} parameters from {done.checkpoint} to "
-            f"{args.dst}")
+            f"{args.dst}" + (f", with the task head of {done.report.task}" if done.report.task
+                             else ""))
       if done.report.missing:
         print(f"not in the checkpoint, freshly initialised when loaded "
               f"({len(done.report.missing)}): " + ", ".join(done.report.missing))

@@ -3,8 +3,11 @@
   python -m bertjax.convert --from=tf --src=GOOGLE_DIR --dst=OUT [--do_lower_case=true|false]
 
 GOOGLE_DIR is laid out as Google's releases are (e.g. uncased_L-12_H-768_A-12/):
-bert_config.json, vocab.txt and bert_model.ckpt.{index,data-00000-of-00001}. The variable names
-are those of google-research/bert's modeling.py (`bert/...`) and run_pretraining.py (`cls/...`).
+bert_config.json, vocab.txt and bert_model.ckpt.{index,data-00000-of-00001} (or the one
+model.ckpt-STEP a fine-tuning run leaves). The variable names are those of google-research/bert's
+modeling.py (`bert/...`) and run_pretraining.py (`cls/...`); a checkpoint fine-tuned by its
+run_classifier.py (`output_weights`, `output_bias`) or run_squad.py (`cls/squad/...`) converts
+with that head, to bertjax's sequence classification or span head.
 
 Each rule pairs a Google variable with the Hugging Face BertForPreTraining tensor that holds the
 same weights, so the checked, renamed tensors go through `hf.from_hf`, which maps them onto
@@ -98,13 +101,24 @@ RULES: tuple[tuple[str, str, str, tuple[Any, ...]], ...] = (
     ("cls/predictions/output_bias", "cls.predictions.bias", "copy", ("V",)),
     ("cls/seq_relationship/output_weights", "cls.seq_relationship.weight", "copy", (2, "H")),
     ("cls/seq_relationship/output_bias", "cls.seq_relationship.bias", "copy", (2,)),
+    # The heads of Google's fine-tuning scripts, stored [out, in] like the NSP weights:
+    # run_classifier.py's classifier on the pooled output (N = num_labels, from its shape) and
+    # run_squad.py's start/end scorer on every token.
+    ("output_weights", "classifier.weight", "copy", ("N", "H")),
+    ("output_bias", "classifier.bias", "copy", ("N",)),
+    ("cls/squad/output_weights", "qa_outputs.weight", "copy", (2, "H")),
+    ("cls/squad/output_bias", "qa_outputs.bias", "copy", (2,)),
 )
+# The Hugging Face class whose head each fine-tuning head's tensors are.
+TASKS = {"classifier.weight": "BertForSequenceClassification",
+         "qa_outputs.weight": "BertForQuestionAnswering"}
 _TRANSFORMS = {"copy": lambda x: x, "transpose": lambda x: x.T}
 # Shape letters -> bert_config.json fields (BertConfig's fields of the same names).
 _DIMS = {"V": "vocab_size", "H": "hidden_size", "F": "intermediate_size",
          "P": "max_position_embeddings", "T": "type_vocab_size"}
 # Heads converted when present, whole; the encoder (bert/embeddings, bert/encoder) is required.
-OPTIONAL_GROUPS = ("bert/pooler/", "cls/predictions/", "cls/seq_relationship/")
+OPTIONAL_GROUPS = ("bert/pooler/", "cls/predictions/", "cls/seq_relationship/", "output_",
+                   "cls/squad/")
 # Training bookkeeping, not weights: reported, never read.
 OPTIMIZER_VARIABLE = re.compile(
     r"^(global_step|beta1_power|beta2_power)$|/(adam_m|adam_v|Adam|Adam_1)$")
@@ -287,6 +301,8 @@ def to_hf_state_dict(variables: dict[str, np.ndarray], config: BertConfig
       and heads present only in part.
   """
   dims = {letter: getattr(config, field) for letter, field in _DIMS.items()}
+  if "output_weights" in variables:  # run_classifier.py's head: its rows are the labels
+    dims["N"] = np.shape(variables["output_weights"])[0]
   unmapped, problems, state = [], [], {}
   for name in sorted(variables):
     if OPTIMIZER_VARIABLE.search(name):
@@ -303,7 +319,7 @@ def to_hf_state_dict(variables: dict[str, np.ndarray], config: BertConfig
       continue
     expected = tuple(dims.get(d, d) for d in shape)
     if array.shape != expected:
-      fields = ", ".join(_DIMS.get(d, str(d)) for d in shape)
+      fields = ", ".join(_DIMS.get(d, "num_labels" if d == "N" else str(d)) for d in shape)
       problems.append(f"{name} {array.shape} does not fit {CONFIG_FILE}, which gives "
                       f"{expected} ({fields})")
       continue
@@ -325,18 +341,31 @@ def to_hf_state_dict(variables: dict[str, np.ndarray], config: BertConfig
       listed.append(f"and {len(problems) - _MAX_LISTED} more")
     raise UserError(f"cannot convert the TensorFlow checkpoint ({count} problems): "
                     f"{'; '.join(listed)}. Check that {CONFIG_FILE} belongs to this checkpoint "
-                    "and that it is a BERT of google-research/bert (modeling.py, "
-                    "run_pretraining.py names).")
+                    "and that it is a BERT of google-research/bert (the names of modeling.py, "
+                    "run_pretraining.py, run_classifier.py or run_squad.py).")
   return state
 
 
 def from_tf(variables: dict[str, np.ndarray], config: BertConfig
             ) -> tuple[dict[str, Any], hf.ConversionReport]:
-  """Google BERT variables -> bertjax BertForPreTraining parameters and `hf.from_hf`'s report.
+  """Google BERT variables -> bertjax parameters and `hf.from_hf`'s report.
 
-  Heads the checkpoint lacks (a bare `bert/` encoder) are reported missing and left out.
+  A checkpoint of run_classifier.py or run_squad.py converts with its head, to bertjax's
+  sequence classification or span head (`report.task` names it). Heads the checkpoint lacks are
+  reported missing and left out.
+
+  Raises:
+    UserError: as `to_hf_state_dict`, or the heads of both fine-tuning scripts at once.
   """
-  return hf.from_hf(to_hf_state_dict(variables, config), config)
+  state = to_hf_state_dict(variables, config)
+  tasks = [task for name, task in TASKS.items() if name in state]
+  if len(tasks) > 1:
+    raise UserError("the checkpoint holds both run_classifier.py's output_weights and "
+                    "run_squad.py's cls/squad/output_weights; a model has one task head, so "
+                    "convert a checkpoint of one fine-tuning run.")
+  task = tasks[0] if tasks else None
+  num_labels = state["classifier.weight"].shape[0] if "classifier.weight" in state else 2
+  return hf.from_hf(state, config, task, num_labels)
 
 
 # --- the tokenizer ------------------------------------------------------------------------------
