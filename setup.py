@@ -38,7 +38,7 @@ setuptools.setup(
     ],
     extras_require={
         # Reference peers for parity tests and benchmarks: torch's CPU build, transformers;
-        # scikit-learn (and scipy) score metrics.py's functions;
+        # scikit-learn and scipy are the references metrics.py is checked against;
         # TensorFlow writes the Google checkpoints that tests/test_convert_tf.py converts.
         "test": [
             "pytest==9.2.0", "torch==2.13.0", "transformers==5.23.0", "scikit-learn==1.7.2",
