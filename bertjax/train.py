@@ -1,9 +1,11 @@
 """The trainer: train state, the pure jitted train/eval steps, and the loop.
 
 The trainer knows nothing of MLM or SQuAD: a `Task` supplies the model's parameter init, the loss,
-the evaluation sums and the batches. The trainer owns the rest: the mesh, the state, one jitted
-step with donated state, logging (progress bar, metrics.jsonl, TensorBoard), checkpoints and
-preemption.
+the evaluation sums, per-example predictions and their scoring (for metrics such as F1 that do not
+add up over batches), and the batches. The trainer owns the rest: the mesh, the state, one jitted
+step with donated state, logging (progress bar, metrics.jsonl, TensorBoard), checkpoints,
+preemption, WORKDIR/eval_results.json (the last evaluation) and, at the end, predicting the
+task's prediction sets (e.g. a test split), which the task writes in its own format.
 
 Where a run starts from, in this order: the latest checkpoint in WORKDIR/checkpoints (resume:
 parameters, optimizer state, step, rng and data position); else `config.init_checkpoint`
@@ -52,6 +54,15 @@ class Task:
     init_batch: a per-host batch with the shapes of training, for initialisation.
     files: workdir files the task describes itself by, {name: text}, e.g. bert_config.json
       (written next to config.json).
+    predict_fn: (params, batch) -> {name: [batch, ...] array}, per example, dropout off (e.g.
+      logits or predicted labels); None for a task scored by sums alone.
+    score_predictions: {name: [N, ...] numpy array} over the whole eval set, padding rows
+      dropped, in the order of `eval_batches` -> metrics, reported with summarize_eval's.
+    predict_sets: {set name: () -> per-host batches}: sets (e.g. a test split without labels)
+      predicted once after the last step and handed to write_predictions.
+    write_predictions: (set name, {name: [N, ...] numpy array}, workdir) -> None: writes
+      predictions in the task's official format. Called after the last step for each of
+      predict_sets and for "eval" with the last evaluation's predictions.
   """
   init_params: Callable[[jax.Array, Batch], Params]
   loss_fn: Callable[[Params, Batch, jax.Array], tuple[jax.Array, dict[str, jax.Array]]]
@@ -61,6 +72,11 @@ class Task:
   eval_batches: Callable[[], Iterable[Batch]] | None
   init_batch: Batch
   files: Mapping[str, str] = dataclasses.field(default_factory=dict)
+  predict_fn: Callable[[Params, Batch], dict[str, jax.Array]] | None = None
+  score_predictions: Callable[[dict[str, np.ndarray]], dict[str, float]] | None = None
+  predict_sets: Mapping[str, Callable[[], Iterable[Batch]]] = dataclasses.field(
+      default_factory=dict)
+  write_predictions: Callable[[str, dict[str, np.ndarray], epath.Path], None] | None = None
 
 
 def make_optimizer(train_config: ml_collections.ConfigDict):
@@ -125,6 +141,7 @@ class Setup:
   init_state: Callable[[], TrainState]
   train_step: Callable[[TrainState, Any], tuple[TrainState, dict]]
   eval_step: Callable[[Params, Any], dict]
+  predict_step: Callable[[Params, Any], dict] | None  # the task's predict_fn + example_weight
 
 
 def make_checked_mesh(config: ml_collections.ConfigDict,
@@ -173,21 +190,64 @@ def build(config: ml_collections.ConfigDict, task: Task,
       out_shardings=(state_sharding, parallel.replicated(mesh)), donate_argnums=0)
   eval_step = jax.jit(task.eval_fn, in_shardings=(params_sharding, batch_sharding),
                       out_shardings=parallel.replicated(mesh))
+  predict_step = None
+  if task.predict_fn is not None:
+    def predict_with_weights(params, batch):
+      return dict(task.predict_fn(params, batch), example_weight=batch["example_weight"])
+    # Replicated outputs: every host gets the predictions of the whole global batch.
+    predict_step = jax.jit(predict_with_weights, in_shardings=(params_sharding, batch_sharding),
+                           out_shardings=parallel.replicated(mesh))
   return Setup(mesh=mesh, abstract_state=abstract_state,
                init_state=jax.jit(init_state, out_shardings=state_sharding),
-               train_step=train_step, eval_step=eval_step)
+               train_step=train_step, eval_step=eval_step, predict_step=predict_step)
 
 
-def evaluate(setup: Setup, task: Task, params: Params, max_batches: int = -1) -> dict[str, float]:
-  """Runs the eval step over the held-out batches and returns the task's summary."""
+def _real_rows(outputs: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+  """Concatenates per-batch predictions and drops the padding rows (example_weight 0)."""
+  if not outputs:
+    return {}
+  joined = {k: np.concatenate([o[k] for o in outputs]) for k in outputs[0]}
+  real = joined.pop("example_weight") > 0
+  return {k: v[real] for k, v in joined.items()}
+
+
+def predict(setup: Setup, batches: Iterable[Batch], params: Params) -> dict[str, np.ndarray]:
+  """The task's predictions for every real example of `batches` (in their order), on the host:
+  {name: [N, ...] numpy array}."""
+  outputs = [jax.device_get(setup.predict_step(params, parallel.global_batch(b, setup.mesh)))
+             for b in batches]
+  return _real_rows(outputs)
+
+
+def evaluate_with_predictions(setup: Setup, task: Task, params: Params, max_batches: int = -1
+                              ) -> tuple[dict[str, float], dict[str, np.ndarray] | None]:
+  """One pass over the held-out batches: (the task's metrics, its predictions or None).
+
+  The metrics are summarize_eval of the eval step's sums, and, for a task with predict_fn,
+  score_predictions of the per-example predictions over the whole set.
+  """
   sums: dict[str, float] = {}
+  outputs = []
   for i, batch in enumerate(task.eval_batches()):
     if 0 <= max_batches <= i:
       break
-    out = jax.device_get(setup.eval_step(params, parallel.global_batch(batch, setup.mesh)))
-    for k, v in out.items():
+    batch = parallel.global_batch(batch, setup.mesh)
+    for k, v in jax.device_get(setup.eval_step(params, batch)).items():
       sums[k] = sums.get(k, 0.0) + float(v)
-  return task.summarize_eval(sums)
+    if setup.predict_step is not None:
+      outputs.append(jax.device_get(setup.predict_step(params, batch)))
+  metrics = task.summarize_eval(sums)
+  if setup.predict_step is None:
+    return metrics, None
+  predictions = _real_rows(outputs)
+  if task.score_predictions is not None:
+    metrics = {**metrics, **task.score_predictions(predictions)}
+  return metrics, predictions
+
+
+def evaluate(setup: Setup, task: Task, params: Params, max_batches: int = -1) -> dict[str, float]:
+  """Runs the eval step over the held-out batches and returns the task's metrics."""
+  return evaluate_with_predictions(setup, task, params, max_batches)[0]
 
 
 class MetricsLog:
@@ -276,13 +336,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, task: Ta
   log = MetricsLog(workdir)
   train_cfg = config.train
   eval_metrics: dict[str, float] = {}
+  eval_predictions: dict[str, np.ndarray] | None = None
 
   def run_eval(step: int) -> dict[str, float]:
+    nonlocal eval_predictions
     if task.eval_batches is None:
       return {}
-    metrics = evaluate(setup, task, state["params"], train_cfg.eval_steps)
+    metrics, eval_predictions = evaluate_with_predictions(setup, task, state["params"],
+                                                          train_cfg.eval_steps)
     log.write(step, "eval", metrics)
     tqdm.tqdm.write(f"step {step} eval: " + ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
+    if jax.process_index() == 0:
+      (workdir / "eval_results.json").write_text(
+          json.dumps({"step": step, **metrics}, indent=2) + "\n")
     return metrics
 
   batches = task.train_batches(position)
@@ -307,8 +373,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, task: Ta
         summary["examples_per_second"] = len(fetched) * train_cfg.batch_size / elapsed
         summary["tokens_per_second"] = pending_tokens / elapsed
         log.write(step, "train", summary)
-        bar.set_postfix(loss=f"{summary['loss']:.3f}",
-                        mlm_acc=f"{summary.get('mlm_accuracy', float('nan')):.3f}",
+        accuracies = {k.replace("accuracy", "acc"): f"{v:.3f}" for k, v in summary.items()
+                      if k.endswith("accuracy")}  # mlm_acc, nsp_acc; acc when fine-tuning
+        bar.set_postfix(loss=f"{summary['loss']:.3f}", **accuracies,
                         tok_s=f"{summary['tokens_per_second']:.0f}", refresh=False)
         pending, pending_tokens, interval_start = [], 0, time.perf_counter()
       if step % train_cfg.eval_every_steps == 0 or step == total:
@@ -321,6 +388,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, task: Ta
                         "to resume.")
         break
   bar.close()
+  if step == total and task.write_predictions is not None:
+    write = task.write_predictions if jax.process_index() == 0 else lambda *_: None
+    if eval_predictions is not None:
+      write("eval", eval_predictions, workdir)
+    for name, batches in task.predict_sets.items():
+      write(name, predict(setup, batches(), state["params"]), workdir)
   checkpoints.close()
   log.close()
   return eval_metrics

@@ -212,3 +212,35 @@ def test_evaluate_sums_over_all_batches():
   assert summary["mlm_loss"] > 3.0  # untrained: about ln(64)
   one = train.evaluate(setup, task, state["params"], max_batches=1)
   assert one["examples"] == config.train.eval_batch_size
+
+
+def test_predictions_cover_every_real_example_in_order():
+  """predict_fn outputs come back per example, padding rows dropped, in eval order, and
+  score_predictions' metrics join summarize_eval's."""
+  import dataclasses  # pylint: disable=import-outside-toplevel
+  config = _config(eval_batch_size=8)
+  base = _task(config, dropout=0.0)
+  seen = {}
+
+  def score(predictions):
+    seen.update(predictions)
+    return {"first_token_mean": float(np.mean(predictions["first_token"]))}
+
+  task = dataclasses.replace(
+      base, predict_fn=lambda params, batch: {"first_token": batch["input_ids"][:, 1],
+                                              "label": batch["next_sentence_label"]},
+      score_predictions=score)
+  setup = train.build(config, task)
+  state = setup.init_state()
+  metrics, predictions = train.evaluate_with_predictions(setup, task, state["params"])
+  batches = list(task.eval_batches())
+  assert batches[-1]["example_weight"].min() == 0  # the last batch is padded
+  real = np.concatenate([b["example_weight"] for b in batches]) > 0
+  expected = np.concatenate([b["input_ids"][:, 1] for b in batches])[real]
+  np.testing.assert_array_equal(predictions["first_token"], expected)
+  np.testing.assert_array_equal(seen["label"], np.concatenate(
+      [b["next_sentence_label"] for b in batches])[real])
+  assert metrics["first_token_mean"] == pytest.approx(expected.mean())
+  assert "mlm_accuracy" in metrics
+  np.testing.assert_array_equal(
+      train.predict(setup, task.eval_batches(), state["params"])["first_token"], expected)

@@ -9,11 +9,14 @@ from typing import Callable
 import ml_collections
 
 from bertjax.errors import UserError
-from bertjax.tasks import features, pretraining
+from bertjax.data import glue as glue_data
+from bertjax.tasks import features, glue, pretraining
 
 REGISTRY: dict[str, Callable[[ml_collections.ConfigDict, str], None]] = {
     "pretraining": pretraining.run,
     "features": features.run,
+    # GLUE fine-tuning (configs/glue.py): the task's name picks the GLUE task.
+    **{name: glue.run for name in glue_data.TASKS if name != "ax"},
 }
 
 

@@ -31,27 +31,10 @@ from bertjax import checkpoint, tokenization
 from bertjax.convert import hf
 from bertjax.errors import UserError
 from bertjax.models import bert, heads
+from bertjax.tasks import pretrained
 
 OUTPUT_FILE = "features.jsonl"
 PAIR_SEPARATOR = " ||| "
-
-
-def find_model_dir(path: str) -> str:
-  """The directory holding bert_config.json: `path`, or a parent of a checkpoint inside it."""
-  candidate = os.path.abspath(path)
-  for _ in range(3):  # OUT, OUT/checkpoints, OUT/checkpoints/STEP
-    if os.path.isfile(os.path.join(candidate, hf.BERT_CONFIG_FILE)):
-      return candidate
-    candidate = os.path.dirname(candidate)
-  raise UserError(f"no {hf.BERT_CONFIG_FILE} at or above {path}; give a pretraining workdir or "
-                  "a directory from `python -m bertjax.convert --from=hf`.")
-
-
-def load_tokenizer(model_dir: str) -> tokenization.Tokenizer:
-  """The tokenizer saved beside a model: vocab.model (sentencepiece) or vocab.txt (WordPiece)."""
-  if os.path.isfile(os.path.join(model_dir, "vocab.model")):
-    return tokenization.SentencePieceTokenizer(os.path.join(model_dir, "vocab.model"))
-  return tokenization.load_tokenizer(model_dir)
 
 
 def read_inputs(path: str) -> list[tuple[str, str | None]]:
@@ -128,13 +111,13 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> str:
   if os.path.exists(output):
     raise UserError(f"{output} exists; give a new --workdir (nothing is overwritten).")
   inputs = read_inputs(config.input_file)
-  model_dir = find_model_dir(config.init_checkpoint)
+  model_dir = pretrained.find_model_dir(config.init_checkpoint)
   bert_config = hf.load_bert_config(model_dir)
   layers = parse_layers(config.layers, bert_config.num_layers)
   if config.max_seq_length > bert_config.max_position_embeddings:
     raise UserError(f"max_seq_length={config.max_seq_length} exceeds the model's "
                     f"{bert_config.max_position_embeddings} positions; lower it.")
-  tok = load_tokenizer(model_dir)
+  tok = pretrained.load_tokenizer(model_dir)
   if tok.vocab_size > bert_config.vocab_size:
     raise UserError(f"the tokenizer in {model_dir} has {tok.vocab_size} ids but the model "
                     f"{bert_config.vocab_size}; they do not belong together.")

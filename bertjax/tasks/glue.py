@@ -1,0 +1,224 @@
+"""GLUE fine-tuning: a sentence (pair) classifier or regressor on a pretrained BERT (paper 4.1).
+
+  python -m bertjax.main --config=configs/glue.py --workdir=DIR --config.task=mrpc \
+      --config.init_checkpoint=CKPT --config.data.glue_dir=GLUE_DIR
+
+`config.task` names the GLUE task (bertjax.data.glue.TASKS but ax, which has no training data).
+CKPT is a pretraining workdir or a converted model directory (its bert_config.json and tokenizer
+are used). Examples come from GLUE_DIR (download_glue_data.py's layout) or, when
+`data.glue_dir` is empty, from TFDS's glue/<task> prepared under `data.tfds_data_dir`.
+
+The model is `heads.BertForSequenceClassification`: [CLS] A [SEP] B [SEP] -> pooled output ->
+dropout -> Dense(num_labels); softmax cross-entropy, or mean squared error for STS-B (one
+output). Training runs `train.num_train_epochs` epochs of the training split (the number of steps
+follows from its size and the batch size) with warmup over `train.warmup_proportion` of them.
+Each evaluation scores the dev split with GLUE's metrics (bertjax.metrics.glue_metrics) and
+WORKDIR/eval_results.json holds the last one; after the last step the dev predictions go to
+WORKDIR/eval_predictions.tsv and each of `data.predict_splits` to the GLUE leaderboard file of
+that split (e.g. WORKDIR/MRPC.tsv).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from etils import epath
+
+from bertjax import checkpoint, metrics, train
+from bertjax.convert import hf
+from bertjax.data import glue as glue_data
+from bertjax.data.pipeline import FeatureBatches
+from bertjax.errors import UserError
+from bertjax.models import heads
+from bertjax.tasks import pretrained
+
+EVAL_PREDICTIONS_FILE = "eval_predictions.tsv"
+
+
+def glue_task(config: ml_collections.ConfigDict) -> glue_data.GlueTask:
+  """The GLUE task `config.task` names (UserError for ax or an unknown name)."""
+  if config.task == "ax":
+    raise UserError("ax (GLUE's diagnostic set) has no training data; it is predicted by an MNLI "
+                    "model: --config.task=mnli --config.data.predict_splits=test_matched,ax")
+  if config.task not in glue_data.TASKS:
+    raise UserError(f"unknown GLUE task {config.task!r}; use one of "
+                    f"{sorted(set(glue_data.TASKS) - {'ax'})}.")
+  return glue_data.TASKS[config.task]
+
+
+def read_split(config: ml_collections.ConfigDict, task: glue_data.GlueTask,
+               split: str) -> list[glue_data.Example]:
+  """The examples of a split: from data.glue_dir, else TFDS (which never downloads)."""
+  if split == "ax":  # MNLI models also predict GLUE's diagnostic set
+    task, split = glue_data.TASKS["ax"], "test"
+  if config.data.glue_dir:
+    return glue_data.read_examples(task.name, split, config.data.glue_dir)
+  return glue_data.read_tfds_examples(task.name, split, config.data.tfds_data_dir or None)
+
+
+def bert_config_for(config: ml_collections.ConfigDict, model_dir: str):
+  """The pretrained model's BertConfig with this run's dropout and compute dtype."""
+  base = hf.load_bert_config(model_dir)
+  return dataclasses.replace(base, dropout_rate=config.model.dropout_rate,
+                             attention_dropout_rate=config.model.attention_dropout_rate,
+                             dtype=config.model.dtype)
+
+
+def make_loss_fn(model: heads.BertForSequenceClassification, regression: bool):
+  """(params, batch, rng) -> (mean loss, {"accuracy"} or {}), dropout on."""
+
+  def loss_fn(params, batch, rng):
+    logits = model.apply({"params": params}, batch["input_ids"], batch["segment_ids"],
+                         batch["input_mask"], deterministic=False, rngs={"dropout": rng})
+    if regression:  # [batch, 1] -> [batch]
+      return jnp.mean(jnp.square(logits[:, 0] - batch["label"])), {}
+    loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"]).mean()
+    return loss, {"accuracy": jnp.mean(jnp.argmax(logits, -1) == batch["label"])}
+
+  return loss_fn
+
+
+def make_eval_fns(model: heads.BertForSequenceClassification, regression: bool):
+  """(eval_fn: sums of the loss over real examples, predict_fn: per-example predictions)."""
+
+  def logits_of(params, batch):
+    return model.apply({"params": params}, batch["input_ids"], batch["segment_ids"],
+                       batch["input_mask"], deterministic=True)  # [batch, num_labels]
+
+  def eval_fn(params, batch):
+    logits, weight = logits_of(params, batch), batch["example_weight"]
+    if regression:
+      losses = jnp.square(logits[:, 0] - batch["label"])
+    else:
+      losses = optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"])
+    return {"loss_sum": jnp.sum(losses * weight), "examples": jnp.sum(weight)}
+
+  def predict_fn(params, batch):
+    logits = logits_of(params, batch)
+    out = {"prediction": logits[:, 0] if regression else jnp.argmax(logits, -1)}
+    if "label" in batch:
+      out["label"] = batch["label"]
+    return out
+
+  return eval_fn, predict_fn
+
+
+def summarize_eval(sums: dict[str, float]) -> dict[str, float]:
+  return {"loss": sums["loss_sum"] / max(sums["examples"], 1.0)}
+
+
+def write_eval_predictions(task: glue_data.GlueTask, examples: Sequence[glue_data.Example],
+                           predictions: dict[str, np.ndarray], path: epath.Path) -> None:
+  """guid, label and prediction of each dev example (label strings; scores for STS-B)."""
+  def name(x):
+    return f"{float(x):.3f}" if task.is_regression else task.labels[int(x)]
+  rows = ["guid\tlabel\tprediction"] + [
+      f"{ex.guid}\t{ex.label}\t{name(p)}" for ex, p in zip(examples, predictions["prediction"])]
+  path.write_text("\n".join(rows) + "\n")
+
+
+def make_task(config: ml_collections.ConfigDict, workdir: str) -> train.Task:
+  """Reads the GLUE splits, encodes them and builds the fine-tuning Task; sets the run's
+  num_train_steps, warmup_steps and (if -1) eval/checkpoint intervals in `config`."""
+  task = glue_task(config)
+  if not config.init_checkpoint:
+    raise UserError("GLUE fine-tuning starts from a pretrained model: set "
+                    "--config.init_checkpoint to a pretraining workdir or a directory from "
+                    "`python -m bertjax.convert --from=hf|tf`.")
+  data, tr = config.data, config.train
+  process_count = jax.process_count()
+  if tr.batch_size % process_count or tr.eval_batch_size % process_count:
+    raise UserError(f"train.batch_size={tr.batch_size} and train.eval_batch_size="
+                    f"{tr.eval_batch_size} must divide over {process_count} hosts.")
+  model_dir = pretrained.find_model_dir(config.init_checkpoint)
+  bert_config = bert_config_for(config, model_dir)
+  if data.max_seq_length > bert_config.max_position_embeddings:
+    raise UserError(f"data.max_seq_length={data.max_seq_length} exceeds the model's "
+                    f"{bert_config.max_position_embeddings} positions; lower it.")
+  tok = pretrained.load_tokenizer(model_dir)
+  if tok.vocab_size > bert_config.vocab_size:
+    raise UserError(f"the tokenizer in {model_dir} has {tok.vocab_size} ids but the model "
+                    f"{bert_config.vocab_size}; they do not belong together.")
+  eval_split = data.eval_split or ("dev_matched" if task.name == "mnli" else "dev")
+  predict_splits = [s.strip() for s in data.predict_splits.split(",") if s.strip()]
+  for split in [eval_split] + [s for s in predict_splits if s != "ax"]:
+    if split not in task.splits:
+      raise UserError(f"{task.name} has no split {split!r}; it has {list(task.splits)}.")
+
+  def encode(examples):
+    return glue_data.encode_examples(examples, task, tok, data.max_seq_length)
+
+  train_examples = read_split(config, task, "train")
+  eval_examples = read_split(config, task, eval_split)
+  train_features, eval_features = encode(train_examples), encode(eval_examples)
+  if "label" not in eval_features:
+    raise UserError(f"the {eval_split} split of {task.name} has no labels; set "
+                    "--config.data.eval_split to a labelled split (e.g. dev).")
+
+  def batches(features, batch_size, shuffle):
+    return FeatureBatches(features, batch_size=batch_size // process_count, seed=config.seed,
+                          process_index=jax.process_index(), process_count=process_count,
+                          shuffle=shuffle)
+
+  train_batches = batches(train_features, tr.batch_size, True)
+  eval_batches = batches(eval_features, tr.eval_batch_size, False)
+  steps_per_epoch = train_batches.steps_per_epoch
+  with config.unlocked():
+    tr.num_train_steps = max(1, math.ceil(tr.num_train_epochs * steps_per_epoch))
+    tr.warmup_steps = int(tr.warmup_proportion * tr.num_train_steps)
+    if tr.eval_every_steps < 1:
+      tr.eval_every_steps = steps_per_epoch
+    if tr.checkpoint_every_steps < 1:
+      tr.checkpoint_every_steps = steps_per_epoch
+
+  predict_examples = {split: read_split(config, task, split) for split in predict_splits}
+  predict_sets = {split: batches(encode(examples), tr.eval_batch_size, False).eval_batches
+                  for split, examples in predict_examples.items()}
+  model = heads.BertForSequenceClassification(bert_config, task.num_labels)
+  eval_fn, predict_fn = make_eval_fns(model, task.is_regression)
+
+  def init_params(rng, batch):
+    return model.init({"params": rng}, batch["input_ids"], batch["segment_ids"],
+                      batch["input_mask"], deterministic=True)["params"]
+
+  def score_predictions(predictions: dict[str, np.ndarray]) -> dict[str, float]:
+    return metrics.glue_metrics(task.name, predictions["label"], predictions["prediction"])
+
+  def write_predictions(split: str, predictions: dict[str, np.ndarray],
+                        directory: epath.Path) -> None:
+    if split == "eval":
+      write_eval_predictions(task, eval_examples, predictions,
+                             directory / EVAL_PREDICTIONS_FILE)
+      return
+    submission_task = glue_data.TASKS["ax"] if split == "ax" else task
+    submission_split = "test" if split == "ax" else split
+    name = glue_data.SUBMISSION_FILES[(submission_task.name, submission_split)]
+    labels_of = predictions["prediction"]
+    glue_data.write_submission(submission_task, submission_split, predict_examples[split],
+                               labels_of, str(directory / name))
+
+  print(f"glue/{task.name}: {len(train_examples)} training examples ({steps_per_epoch} steps "
+        f"per epoch, {tr.num_train_steps} steps), {len(eval_examples)} {eval_split} examples, "
+        f"{task.num_labels} {'output' if task.is_regression else 'labels'}")
+  return train.Task(
+      init_params=init_params, loss_fn=make_loss_fn(model, task.is_regression),
+      eval_fn=eval_fn, summarize_eval=summarize_eval,
+      train_batches=train_batches.iterate, eval_batches=eval_batches.eval_batches,
+      init_batch=next(train_batches.iterate(None))[0],
+      files={hf.BERT_CONFIG_FILE: json.dumps(dataclasses.asdict(bert_config), indent=2) + "\n"},
+      predict_fn=predict_fn, score_predictions=score_predictions, predict_sets=predict_sets,
+      write_predictions=write_predictions)
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+  """Fine-tunes on the GLUE task `config.task`; returns the last dev evaluation."""
+  train.make_checked_mesh(config)
+  return train.train_and_evaluate(config, workdir, make_task(config, workdir))

@@ -1,0 +1,31 @@
+"""The pretrained model that `config.init_checkpoint` names: its directory and its tokenizer.
+
+A pretraining workdir and a directory written by `python -m bertjax.convert` both hold
+bert_config.json (the model's BertConfig) and the tokenizer (vocab.model or vocab.txt) beside
+checkpoints/; init_checkpoint may name that directory or a checkpoint inside it.
+"""
+from __future__ import annotations
+
+import os
+
+from bertjax import tokenization
+from bertjax.convert import hf
+from bertjax.errors import UserError
+
+
+def find_model_dir(path: str) -> str:
+  """The directory holding bert_config.json: `path`, or a parent of a checkpoint inside it."""
+  candidate = os.path.abspath(path)
+  for _ in range(3):  # OUT, OUT/checkpoints, OUT/checkpoints/STEP
+    if os.path.isfile(os.path.join(candidate, hf.BERT_CONFIG_FILE)):
+      return candidate
+    candidate = os.path.dirname(candidate)
+  raise UserError(f"no {hf.BERT_CONFIG_FILE} at or above {path}; give a pretraining workdir or "
+                  "a directory from `python -m bertjax.convert --from=hf` (or --from=tf).")
+
+
+def load_tokenizer(model_dir: str) -> tokenization.Tokenizer:
+  """The tokenizer saved beside a model: vocab.model (sentencepiece) or vocab.txt (WordPiece)."""
+  if os.path.isfile(os.path.join(model_dir, "vocab.model")):
+    return tokenization.SentencePieceTokenizer(os.path.join(model_dir, "vocab.model"))
+  return tokenization.load_tokenizer(model_dir)

@@ -1,0 +1,168 @@
+"""GLUE fine-tuning end to end (configs/glue.py) on data in GLUE's own file layout.
+
+A small random BERT with a WordPiece vocabulary is saved as a bertjax checkpoint; SST-2- and
+STS-B-format files are written whose labels follow from the words (so a model can learn them);
+fine-tuning then has to learn the dev split, and writes eval_results.json, eval_predictions.tsv
+and the leaderboard file of the test split.
+"""
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+
+from bertjax import metrics
+from bertjax.convert import hf
+from bertjax.errors import UserError
+from bertjax.models import bert, heads
+from bertjax.tasks import glue
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+FILLER = [f"word{i}" for i in range(40)]
+VOCAB = SPECIALS + ["good", "bad", "great", "awful"] + FILLER
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+  """A random (untrained) BERT saved as a bertjax checkpoint with its vocab.txt."""
+  directory = tmp_path_factory.mktemp("model")
+  vocab = directory / "vocab_src.txt"
+  vocab.write_text("".join(t + "\n" for t in VOCAB))
+  config = bert.BertConfig(vocab_size=len(VOCAB), hidden_size=64, num_layers=2, num_heads=2,
+                           intermediate_size=128, max_position_embeddings=64)
+  ids = np.zeros((1, 4), np.int32)
+  params = heads.BertForPreTraining(config).init(jax.random.PRNGKey(0), ids, ids, ids,
+                                                 deterministic=True)["params"]
+  out = directory / "bert"
+  os.rename(vocab, directory / "vocab.txt")
+  hf.save_bertjax_checkpoint(str(out), jax.tree.map(np.asarray, nn.unbox(params)), config,
+                             [str(directory / "vocab.txt")])
+  return str(out)
+
+
+def _sentences(rng, n):
+  """(sentence, number of positive words - negative words) pairs."""
+  rows = []
+  for _ in range(n):
+    words = list(rng.choice(FILLER, size=rng.integers(3, 8)))
+    sentiment = rng.choice(["good", "bad", "great", "awful"], size=rng.integers(1, 3))
+    for word in sentiment:
+      words.insert(rng.integers(0, len(words) + 1), word)
+    score = sum(1 if w in ("good", "great") else -1 for w in sentiment)
+    rows.append((" ".join(words), score))
+  return rows
+
+
+def _write_tsv(path, header, rows):
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, "w", encoding="utf-8", newline="") as f:
+    writer = csv.writer(f, delimiter="\t", quoting=csv.QUOTE_NONE, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows(rows)
+
+
+@pytest.fixture(scope="module")
+def glue_dir(tmp_path_factory):
+  """SST-2 (label 1 when the sentence is positive on balance) and STS-B (score from the words of
+  both sentences) in GLUE's download layout."""
+  directory = tmp_path_factory.mktemp("glue")
+  rng = np.random.default_rng(0)
+  sst = {split: [(s, score) for s, score in _sentences(rng, n) if score != 0]
+         for split, n in (("train", 480), ("dev", 96), ("test", 40))}
+  for split in ("train", "dev"):
+    _write_tsv(directory / "SST-2" / f"{split}.tsv", ["sentence", "label"],
+               [(s, int(score > 0)) for s, score in sst[split]])
+  _write_tsv(directory / "SST-2" / "test.tsv", ["index", "sentence"],
+             [(i, s) for i, (s, _) in enumerate(sst["test"])])
+  header = ["index", "genre", "filename", "year", "old_index", "source1", "source2",
+            "sentence1", "sentence2", "score"]
+  for split, n in (("train", 320), ("dev", 64)):
+    pairs = zip(_sentences(rng, n), _sentences(rng, n))
+    _write_tsv(directory / "STS-B" / f"{split}.tsv", header,
+               [(i, "main-captions", "MSRvid", "2012test", f"{i:04d}", "none", "none", a, b,
+                 f"{2.5 + 0.6 * (sa + sb):.3f}")
+                for i, ((a, sa), (b, sb)) in enumerate(pairs)])
+  return str(directory)
+
+
+def _config(task, model_dir, glue_dir, **train):
+  sys.path.insert(0, os.path.join(ROOT, "configs"))
+  import glue as glue_config  # pylint: disable=import-outside-toplevel
+  config = glue_config.get_config()
+  config.task = task
+  config.init_checkpoint = model_dir
+  config.data.glue_dir = glue_dir
+  config.data.max_seq_length = 32
+  config.model.dropout_rate = config.model.attention_dropout_rate = 0.0
+  config.train.update({**dict(batch_size=16, eval_batch_size=32, learning_rate=1e-3,
+                              num_train_epochs=4.0, log_every_steps=1000), **train})
+  return config
+
+
+def test_sst2_learns_and_writes_glue_files(model_dir, glue_dir, tmp_path):
+  workdir = tmp_path / "sst2"
+  config = _config("sst2", model_dir, glue_dir)
+  config.data.predict_splits = "test"
+  result = glue.run(config, str(workdir))
+  assert result["accuracy"] > 0.9, result  # chance is about 0.5
+  saved = json.loads((workdir / "eval_results.json").read_text())
+  assert saved["accuracy"] == result["accuracy"] and saved["step"] == config.train.num_train_steps
+  num_train = sum(1 for _ in open(os.path.join(glue_dir, "SST-2", "train.tsv"))) - 1
+  assert config.train.num_train_steps == 4 * (num_train // 16)  # 4 epochs of whole batches
+
+  rows = (workdir / glue.EVAL_PREDICTIONS_FILE).read_text().splitlines()
+  dev_rows = open(os.path.join(glue_dir, "SST-2", "dev.tsv")).read().splitlines()[1:]
+  assert rows[0] == "guid\tlabel\tprediction" and len(rows) == len(dev_rows) + 1
+  labels = [r.split("\t")[1] for r in rows[1:]]
+  predictions = [r.split("\t")[2] for r in rows[1:]]
+  assert labels == [r.split("\t")[1] for r in dev_rows]
+  assert metrics.accuracy(np.array(labels), np.array(predictions)) == result["accuracy"]
+
+  submission = (workdir / "SST-2.tsv").read_text().splitlines()
+  test_rows = open(os.path.join(glue_dir, "SST-2", "test.tsv")).read().splitlines()[1:]
+  assert submission[0] == "index\tprediction" and len(submission) == 1 + len(test_rows)
+  assert [r.split("\t")[0] for r in submission[1:]] == [r.split("\t")[0] for r in test_rows]
+  test_sentences = [r.split("\t")[1] for r in test_rows]
+  truth = [str(int(sum(s.split().count(w) for w in ("good", "great"))
+                   > sum(s.split().count(w) for w in ("bad", "awful"))))
+           for s in test_sentences]
+  assert np.mean([p.split("\t")[1] == t for p, t in zip(submission[1:], truth)]) > 0.85
+
+
+def test_stsb_regression_correlates(model_dir, glue_dir, tmp_path):
+  config = _config("stsb", model_dir, glue_dir, num_train_epochs=5.0)
+  result = glue.run(config, str(tmp_path / "stsb"))
+  assert set(result) == {"loss", "pearson", "spearmanr"}
+  assert result["pearson"] > 0.8, result
+
+
+def test_bad_configs_are_named(model_dir, glue_dir, tmp_path):
+  with pytest.raises(UserError, match="set --config.init_checkpoint"):
+    glue.run(_config("sst2", "", glue_dir), str(tmp_path / "a"))
+  with pytest.raises(UserError, match="ax .* has no training data"):
+    glue.run(_config("ax", model_dir, glue_dir), str(tmp_path / "b"))
+  bad_split = _config("sst2", model_dir, glue_dir)
+  bad_split.data.predict_splits = "test_matched"
+  with pytest.raises(UserError, match="sst2 has no split 'test_matched'"):
+    glue.run(bad_split, str(tmp_path / "c"))
+  with pytest.raises(UserError, match="MRPC"):  # no MRPC files in this GLUE directory
+    glue.run(_config("mrpc", model_dir, glue_dir), str(tmp_path / "d"))
+  assert not any((tmp_path / d).exists() for d in "abcd")
+
+
+def test_command_line_unknown_task_and_missing_checkpoint(tmp_path):
+  run = lambda *flags: subprocess.run(
+      [sys.executable, "-m", "bertjax.main", f"--config={ROOT}/configs/glue.py",
+       f"--workdir={tmp_path / 'w'}", *flags], env=dict(os.environ, PYTHONPATH=ROOT),
+      cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+  result = run("--config.task=mrpcc")
+  assert result.returncode != 0 and "unknown task 'mrpcc'" in result.stderr
+  result = run("--config.task=rte")
+  assert result.returncode != 0 and "init_checkpoint" in result.stderr
+  assert not (tmp_path / "w").exists()
