@@ -52,8 +52,8 @@ class Task:
     train_batches: data position (None = start) -> iterator of (per-host batch, position after it).
     eval_batches: () -> per-host batches of the held-out set, once through (None: no evaluation).
     init_batch: a per-host batch with the shapes of training, for initialisation.
-    files: workdir files the task describes itself by, {name: text}, e.g. bert_config.json
-      (written next to config.json).
+    files: workdir files the task describes itself by, {name: text or bytes}, e.g.
+      bert_config.json and the tokenizer (written next to config.json).
     predict_fn: (params, batch) -> {name: [batch, ...] array}, per example, dropout off (e.g.
       logits or predicted labels); None for a task scored by sums alone.
     score_predictions: {name: [N, ...] numpy array} over the whole eval set, padding rows
@@ -71,7 +71,7 @@ class Task:
   train_batches: Callable[[dict | None], Iterator[tuple[Batch, dict]]]
   eval_batches: Callable[[], Iterable[Batch]] | None
   init_batch: Batch
-  files: Mapping[str, str] = dataclasses.field(default_factory=dict)
+  files: Mapping[str, str | bytes] = dataclasses.field(default_factory=dict)
   predict_fn: Callable[[Params, Batch], dict[str, jax.Array]] | None = None
   score_predictions: Callable[[dict[str, np.ndarray]], dict[str, float]] | None = None
   predict_sets: Mapping[str, Callable[[], Iterable[Batch]]] = dataclasses.field(
@@ -331,8 +331,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, task: Ta
   if jax.process_index() == 0:
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "config.json").write_text(config.to_json_best_effort(indent=2) + "\n")
-    for name, text in task.files.items():
-      (workdir / name).write_text(text)
+    for name, data in task.files.items():
+      if isinstance(data, bytes):
+        (workdir / name).write_bytes(data)
+      else:
+        (workdir / name).write_text(data)
   log = MetricsLog(workdir)
   train_cfg = config.train
   eval_metrics: dict[str, float] = {}

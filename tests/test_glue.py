@@ -16,11 +16,16 @@ import jax
 import numpy as np
 import pytest
 
+import torch
+import transformers
+
 from bertjax import metrics
+from bertjax.convert import __main__ as convert_cli
 from bertjax.convert import hf
+from bertjax.data import glue as glue_data
 from bertjax.errors import UserError
 from bertjax.models import bert, heads
-from bertjax.tasks import glue
+from bertjax.tasks import glue, pretrained
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -133,6 +138,20 @@ def test_sst2_learns_and_writes_glue_files(model_dir, glue_dir, tmp_path):
                    > sum(s.split().count(w) for w in ("bad", "awful"))))
            for s in test_sentences]
   assert np.mean([p.split("\t")[1] == t for p, t in zip(submission[1:], truth)]) > 0.85
+
+  # The workdir is a model directory: it converts to a transformers classifier that predicts
+  # what bertjax predicted on the dev split.
+  assert convert_cli.to_hf_dir(str(workdir), str(tmp_path / "hf")) == (
+      "BertForSequenceClassification")
+  model = transformers.BertForSequenceClassification.from_pretrained(str(tmp_path / "hf")).eval()
+  tok = pretrained.load_tokenizer(str(workdir))
+  examples = glue_data.read_examples("sst2", "dev", glue_dir)
+  features = glue_data.encode_examples(examples, glue_data.TASKS["sst2"], tok, 32)
+  with torch.no_grad():
+    logits = model(torch.tensor(features["input_ids"]),
+                   attention_mask=torch.tensor(features["input_mask"]),
+                   token_type_ids=torch.tensor(features["segment_ids"])).logits.numpy()
+  assert [str(p) for p in logits.argmax(-1)] == predictions
 
 
 def test_stsb_regression_correlates(model_dir, glue_dir, tmp_path):

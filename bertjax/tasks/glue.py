@@ -213,7 +213,8 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> train.Task:
       eval_fn=eval_fn, summarize_eval=summarize_eval,
       train_batches=train_batches.iterate, eval_batches=eval_batches.eval_batches,
       init_batch=next(train_batches.iterate(None))[0],
-      files={hf.BERT_CONFIG_FILE: json.dumps(dataclasses.asdict(bert_config), indent=2) + "\n"},
+      files={hf.BERT_CONFIG_FILE: json.dumps(dataclasses.asdict(bert_config), indent=2) + "\n",
+             **pretrained.tokenizer_files(model_dir)},
       predict_fn=predict_fn, score_predictions=score_predictions, predict_sets=predict_sets,
       write_predictions=write_predictions)
 

@@ -24,6 +24,17 @@ def find_model_dir(path: str) -> str:
                   "a directory from `python -m bertjax.convert --from=hf` (or --from=tf).")
 
 
+def tokenizer_files(model_dir: str) -> dict[str, bytes]:
+  """{file name: contents} of the tokenizer files beside a model (vocab.txt, vocab.model,
+  tokenizer_config.json, ...), for a fine-tuning workdir to carry them along, so that the
+  workdir is itself a model directory (init_checkpoint, `convert --to=hf`)."""
+  out = {}
+  for path in hf.tokenizer_files(model_dir):
+    with open(path, "rb") as f:
+      out[os.path.basename(path)] = f.read()
+  return out
+
+
 def load_tokenizer(model_dir: str) -> tokenization.Tokenizer:
   """The tokenizer saved beside a model: vocab.model (sentencepiece) or vocab.txt (WordPiece)."""
   if os.path.isfile(os.path.join(model_dir, "vocab.model")):
