@@ -479,7 +479,8 @@ def test_read_tfds_examples_not_prepared(tmp_path):
   start = time.perf_counter()
   with pytest.raises(UserError, match=r"TFDS dataset 'glue/mrpc' is not prepared locally in "
                      r".* \(no download is attempted\); prepare it first .*: tfds build glue/mrpc "
-                     r"--data_dir=.* --file_format=array_record \(or read GLUE's \.tsv files\)"):
+                     r"--data_dir=.* --file_format=array_record \(or read GLUE's \.tsv files: "
+                     r"--config\.data\.glue_dir\)"):
     glue.read_tfds_examples("mrpc", "train", str(tmp_path))
   with pytest.raises(UserError, match=r"'glue/ax' is not prepared locally"):
     glue.read_tfds_examples("ax", "test", str(tmp_path))

@@ -262,30 +262,11 @@ def read_tfds_examples(task: str, split: str, data_dir: str | None = None, *,
     UserError: unknown task or split; the dataset is unknown, not prepared in data_dir or lacks
       the split or glue/<task>'s features; its class names are not GLUE's.
   """
-  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
-
-  try:  # registers glue, which TFDS does not load eagerly
-    import tensorflow_datasets.text  # noqa: F401  pylint: disable=import-outside-toplevel
-  except Exception:  # pylint: disable=broad-except
-    pass
   glue_task = get_task(task)
   _check_split(glue_task, split)
   name = name or f"glue/{task}"
-  where = data_dir or "~/tensorflow_datasets"
-  build = (f"prepare it first where the network can be reached: tfds build {name.split(':')[0]} "
-           f"--data_dir={where} --file_format=array_record (or read GLUE's .tsv files)")
-  try:
-    builder = tfds.builder(name, data_dir=data_dir)
-  except tfds.core.registered.DatasetNotFoundError:
-    raise UserError(f"TFDS dataset {name!r} is not known and not prepared locally in {where}; "
-                    f"check the name, or {build}.") from None
-  except Exception as e:  # pylint: disable=broad-except
-    first = str(e).strip().split("\n")[0]
-    raise UserError(f"TFDS dataset {name!r} cannot be opened in {where} ({first}); check the "
-                    f"name and data_dir, or {build}.") from None
-  if not builder.is_prepared():
-    raise UserError(f"TFDS dataset {name!r} is not prepared locally in {where} (no download is "
-                    f"attempted); {build}.")
+  builder = sources.open_tfds_builder(name, data_dir,
+                                      " (or read GLUE's .tsv files: --config.data.glue_dir)")
   tfds_split = _TFDS_SPLITS[split]
   if tfds_split not in builder.info.splits:
     raise UserError(f"TFDS dataset {name!r} has no split {tfds_split!r} (our {split!r}); its "
@@ -309,7 +290,7 @@ def read_tfds_examples(task: str, split: str, data_dir: str | None = None, *,
     names = [_TFDS_LABELS[task][n] for n in names]  # TFDS class index -> our label string
   test = split.startswith("test") or task == "ax"
   rows = []  # (idx, example): TFDS stores examples shuffled; idx is their row in GLUE's file
-  for ex in _tfds_rows(builder, tfds_split):
+  for ex in sources.tfds_examples(builder, tfds_split):
     label = None
     if not test:
       if names is None:
@@ -324,26 +305,6 @@ def read_tfds_examples(task: str, split: str, data_dir: str | None = None, *,
 
 def _text(value) -> str:
   return value.decode("utf-8") if isinstance(value, bytes) else str(value)
-
-
-def _tfds_rows(builder, split: str):
-  """Yields each example (a dict of numpy values): array_record data source, else tf.data."""
-  try:
-    source = builder.as_data_source(split=split)
-  except NotImplementedError:  # stored as tfrecord: no random access without TensorFlow
-    source = None
-  if source is not None:
-    for begin in range(0, len(source), 1024):
-      yield from source.__getitems__(list(range(begin, min(begin + 1024, len(source)))))
-    return
-  try:
-    import tensorflow  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
-  except ImportError:
-    raise UserError(f"TFDS dataset {builder.name!r} is stored as tfrecord, which needs "
-                    "TensorFlow; pip install tensorflow, or rebuild it with "
-                    "--file_format=array_record.") from None
-  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
-  yield from tfds.as_numpy(builder.as_dataset(split=split, shuffle_files=False))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -169,27 +169,7 @@ def read_tfds(name: str, split: str, feature: str,
     UserError: unknown dataset, dataset not prepared in data_dir, unknown split or feature,
       or no text at all.
   """
-  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
-
-  try:  # registers the text datasets (wikipedia, glue, ...), which TFDS does not load eagerly
-    import tensorflow_datasets.text  # noqa: F401  pylint: disable=import-outside-toplevel
-  except Exception:  # pylint: disable=broad-except
-    pass
-  where = data_dir or "~/tensorflow_datasets"
-  build = (f"prepare it first where the network can be reached: tfds build {name.split(':')[0]} "
-           f"--data_dir={where} --file_format=array_record")
-  try:
-    builder = tfds.builder(name, data_dir=data_dir)
-  except tfds.core.registered.DatasetNotFoundError:
-    raise UserError(f"TFDS dataset {name!r} is not known and not prepared locally in {where}; "
-                    f"check the name, or {build}.") from None
-  except Exception as e:  # pylint: disable=broad-except
-    first = str(e).strip().split("\n")[0]
-    raise UserError(f"TFDS dataset {name!r} cannot be opened in {where} ({first}); "
-                    f"check the name and --config.data.tfds_data_dir, or {build}.") from None
-  if not builder.is_prepared():
-    raise UserError(f"TFDS dataset {name!r} is not prepared locally in {where} (no download is "
-                    f"attempted); {build}.")
+  builder = open_tfds_builder(name, data_dir)
   splits = list(builder.info.splits)
   try:
     builder.info.splits[split]
@@ -201,7 +181,7 @@ def read_tfds(name: str, split: str, feature: str,
     raise UserError(f"TFDS dataset {name!r} has no feature {feature!r}; its features are "
                     f"{', '.join(sorted(features))}.")
   documents = []
-  for value in _tfds_values(builder, split, feature):
+  for value in (example[feature] for example in tfds_examples(builder, split)):
     if isinstance(value, bytes):
       value = value.decode("utf-8", errors="replace")
     sentences = document_sentences(str(value))
@@ -213,17 +193,50 @@ def read_tfds(name: str, split: str, feature: str,
   return documents
 
 
-def _tfds_values(builder, split: str, feature: str):
-  """Yields each example's `feature`: array_record data source, else tf.data if TF is here."""
+def open_tfds_builder(name: str, data_dir: str | None, alternative: str = ""):
+  """The TFDS builder of a dataset prepared on local disk; never downloads.
+
+  Args:
+    name: the dataset name, e.g. "wikipedia/20230601.en", "glue/mrpc" or "my_text:1.0.0".
+    data_dir: where it was prepared; None for TFDS's default (~/tensorflow_datasets).
+    alternative: another way to get the data, added to the errors (e.g. "or read GLUE's .tsv").
+  Raises:
+    UserError: unknown dataset, or not prepared in data_dir (with the `tfds build` command).
+  """
+  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+
+  try:  # registers the text datasets (wikipedia, glue, ...), which TFDS does not load eagerly
+    import tensorflow_datasets.text  # noqa: F401  pylint: disable=import-outside-toplevel
+  except Exception:  # pylint: disable=broad-except
+    pass
+  where = data_dir or "~/tensorflow_datasets"
+  build = (f"prepare it first where the network can be reached: tfds build {name.split(':')[0]} "
+           f"--data_dir={where} --file_format=array_record{alternative}")
+  try:
+    builder = tfds.builder(name, data_dir=data_dir)
+  except tfds.core.registered.DatasetNotFoundError:
+    raise UserError(f"TFDS dataset {name!r} is not known and not prepared locally in {where}; "
+                    f"check the name, or {build}.") from None
+  except Exception as e:  # pylint: disable=broad-except
+    first = str(e).strip().split("\n")[0]
+    raise UserError(f"TFDS dataset {name!r} cannot be opened in {where} ({first}); "
+                    f"check the name and the TFDS data_dir setting, or {build}.") from None
+  if not builder.is_prepared():
+    raise UserError(f"TFDS dataset {name!r} is not prepared locally in {where} (no download is "
+                    f"attempted); {build}.")
+  return builder
+
+
+def tfds_examples(builder, split: str):
+  """Yields each example of a split (a dict of numpy values), in stored order: from the
+  array_record data source, else through tf.data if TensorFlow is installed."""
   try:
     source = builder.as_data_source(split=split)
   except NotImplementedError:  # stored as tfrecord: no random access without TensorFlow
     source = None
   if source is not None:
     for begin in range(0, len(source), 1024):
-      indices = list(range(begin, min(begin + 1024, len(source))))
-      for example in source.__getitems__(indices):
-        yield example[feature]
+      yield from source.__getitems__(list(range(begin, min(begin + 1024, len(source)))))
     return
   try:
     import tensorflow  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
@@ -232,5 +245,4 @@ def _tfds_values(builder, split: str, feature: str):
                     "TensorFlow; pip install tensorflow, or rebuild it with "
                     "--file_format=array_record.") from None
   import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
-  for example in tfds.as_numpy(builder.as_dataset(split=split)):
-    yield example[feature]
+  yield from tfds.as_numpy(builder.as_dataset(split=split, shuffle_files=False))
