@@ -19,26 +19,19 @@ that split (e.g. WORKDIR/MRPC.tsv).
 """
 from __future__ import annotations
 
-import dataclasses
-import json
-import math
-import os
-from typing import Any, Sequence
+from typing import Sequence
 
-import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
 from etils import epath
 
-from bertjax import checkpoint, metrics, train
-from bertjax.convert import hf
+from bertjax import metrics, train
 from bertjax.data import glue as glue_data
-from bertjax.data.pipeline import FeatureBatches
 from bertjax.errors import UserError
 from bertjax.models import heads
-from bertjax.tasks import pretrained
+from bertjax.tasks import finetuning
 
 EVAL_PREDICTIONS_FILE = "eval_predictions.tsv"
 
@@ -62,14 +55,6 @@ def read_split(config: ml_collections.ConfigDict, task: glue_data.GlueTask,
   if config.data.glue_dir:
     return glue_data.read_examples(task.name, split, config.data.glue_dir)
   return glue_data.read_tfds_examples(task.name, split, config.data.tfds_data_dir or None)
-
-
-def bert_config_for(config: ml_collections.ConfigDict, model_dir: str):
-  """The pretrained model's BertConfig with this run's dropout and compute dtype."""
-  base = hf.load_bert_config(model_dir)
-  return dataclasses.replace(base, dropout_rate=config.model.dropout_rate,
-                             attention_dropout_rate=config.model.attention_dropout_rate,
-                             dtype=config.model.dtype)
 
 
 def make_loss_fn(model: heads.BertForSequenceClassification, regression: bool):
@@ -129,24 +114,9 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> train.Task:
   """Reads the GLUE splits, encodes them and builds the fine-tuning Task; sets the run's
   num_train_steps, warmup_steps and (if -1) eval/checkpoint intervals in `config`."""
   task = glue_task(config)
-  if not config.init_checkpoint:
-    raise UserError("GLUE fine-tuning starts from a pretrained model: set "
-                    "--config.init_checkpoint to a pretraining workdir or a directory from "
-                    "`python -m bertjax.convert --from=hf|tf`.")
+  finetuning.check_batch_sizes(config)
+  model = finetuning.load_pretrained(config, "GLUE fine-tuning")
   data, tr = config.data, config.train
-  process_count = jax.process_count()
-  if tr.batch_size % process_count or tr.eval_batch_size % process_count:
-    raise UserError(f"train.batch_size={tr.batch_size} and train.eval_batch_size="
-                    f"{tr.eval_batch_size} must divide over {process_count} hosts.")
-  model_dir = pretrained.find_model_dir(config.init_checkpoint)
-  bert_config = bert_config_for(config, model_dir)
-  if data.max_seq_length > bert_config.max_position_embeddings:
-    raise UserError(f"data.max_seq_length={data.max_seq_length} exceeds the model's "
-                    f"{bert_config.max_position_embeddings} positions; lower it.")
-  tok = pretrained.load_tokenizer(model_dir)
-  if tok.vocab_size > bert_config.vocab_size:
-    raise UserError(f"the tokenizer in {model_dir} has {tok.vocab_size} ids but the model "
-                    f"{bert_config.vocab_size}; they do not belong together.")
   eval_split = data.eval_split or ("dev_matched" if task.name == "mnli" else "dev")
   predict_splits = [s.strip() for s in data.predict_splits.split(",") if s.strip()]
   for split in [eval_split] + [s for s in predict_splits if s != "ax"]:
@@ -154,7 +124,7 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> train.Task:
       raise UserError(f"{task.name} has no split {split!r}; it has {list(task.splits)}.")
 
   def encode(examples):
-    return glue_data.encode_examples(examples, task, tok, data.max_seq_length)
+    return glue_data.encode_examples(examples, task, model.tokenizer, data.max_seq_length)
 
   train_examples = read_split(config, task, "train")
   eval_examples = read_split(config, task, eval_split)
@@ -163,30 +133,20 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> train.Task:
     raise UserError(f"the {eval_split} split of {task.name} has no labels; set "
                     "--config.data.eval_split to a labelled split (e.g. dev).")
 
-  def batches(features, batch_size, shuffle):
-    return FeatureBatches(features, batch_size=batch_size // process_count, seed=config.seed,
-                          process_index=jax.process_index(), process_count=process_count,
-                          shuffle=shuffle)
-
-  train_batches = batches(train_features, tr.batch_size, True)
-  eval_batches = batches(eval_features, tr.eval_batch_size, False)
+  train_batches = finetuning.feature_batches(config, train_features, training=True)
+  eval_batches = finetuning.feature_batches(config, eval_features, training=False)
   steps_per_epoch = train_batches.steps_per_epoch
-  with config.unlocked():
-    tr.num_train_steps = max(1, math.ceil(tr.num_train_epochs * steps_per_epoch))
-    tr.warmup_steps = int(tr.warmup_proportion * tr.num_train_steps)
-    if tr.eval_every_steps < 1:
-      tr.eval_every_steps = steps_per_epoch
-    if tr.checkpoint_every_steps < 1:
-      tr.checkpoint_every_steps = steps_per_epoch
+  finetuning.set_schedule(config, steps_per_epoch)
 
   predict_examples = {split: read_split(config, task, split) for split in predict_splits}
-  predict_sets = {split: batches(encode(examples), tr.eval_batch_size, False).eval_batches
-                  for split, examples in predict_examples.items()}
-  model = heads.BertForSequenceClassification(bert_config, task.num_labels)
-  eval_fn, predict_fn = make_eval_fns(model, task.is_regression)
+  predict_sets = {
+      split: finetuning.feature_batches(config, encode(examples), training=False).eval_batches
+      for split, examples in predict_examples.items()}
+  classifier = heads.BertForSequenceClassification(model.bert_config, task.num_labels)
+  eval_fn, predict_fn = make_eval_fns(classifier, task.is_regression)
 
   def init_params(rng, batch):
-    return model.init({"params": rng}, batch["input_ids"], batch["segment_ids"],
+    return classifier.init({"params": rng}, batch["input_ids"], batch["segment_ids"],
                       batch["input_mask"], deterministic=True)["params"]
 
   def score_predictions(predictions: dict[str, np.ndarray]) -> dict[str, float]:
@@ -201,20 +161,18 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> train.Task:
     submission_task = glue_data.TASKS["ax"] if split == "ax" else task
     submission_split = "test" if split == "ax" else split
     name = glue_data.SUBMISSION_FILES[(submission_task.name, submission_split)]
-    labels_of = predictions["prediction"]
     glue_data.write_submission(submission_task, submission_split, predict_examples[split],
-                               labels_of, str(directory / name))
+                               predictions["prediction"], str(directory / name))
 
   print(f"glue/{task.name}: {len(train_examples)} training examples ({steps_per_epoch} steps "
         f"per epoch, {tr.num_train_steps} steps), {len(eval_examples)} {eval_split} examples, "
         f"{task.num_labels} {'output' if task.is_regression else 'labels'}")
   return train.Task(
-      init_params=init_params, loss_fn=make_loss_fn(model, task.is_regression),
+      init_params=init_params, loss_fn=make_loss_fn(classifier, task.is_regression),
       eval_fn=eval_fn, summarize_eval=summarize_eval,
       train_batches=train_batches.iterate, eval_batches=eval_batches.eval_batches,
       init_batch=next(train_batches.iterate(None))[0],
-      files={hf.BERT_CONFIG_FILE: json.dumps(dataclasses.asdict(bert_config), indent=2) + "\n",
-             **pretrained.tokenizer_files(model_dir)},
+      files=model.files,
       predict_fn=predict_fn, score_predictions=score_predictions, predict_sets=predict_sets,
       write_predictions=write_predictions)
 
