@@ -35,6 +35,7 @@ setuptools.setup(
         "absl-py==2.5.1",
         "tqdm==4.70.1",
         "tensorboardX==2.6.5",
+        "seqeval==1.2.2",  # entity-level NER F1 (conlleval's rules)
     ],
     extras_require={
         # Reference peers for parity tests and benchmarks: torch's CPU build, transformers;

@@ -153,3 +153,16 @@ def glue_metrics(task: str, labels, predictions) -> dict[str, float]:
   if task not in GLUE_METRICS:
     raise ValueError(f"unknown GLUE task {task!r}; known tasks: {', '.join(GLUE_METRICS)}.")
   return {name: _METRICS[name](labels, predictions) for name in GLUE_METRICS[task]}
+
+
+def entity_scores(gold: list[list[str]], predicted: list[list[str]]) -> dict[str, float]:
+  """Entity-level precision, recall and F1 by seqeval (its default mode: conlleval's rules, IOB1
+  or IOB2 tags) and the accuracy over words, for [num_sentences][num_words] tags (NER).
+
+  Precision, recall and F1 are 0.0 where nothing is predicted (or nothing is gold).
+  """
+  import seqeval.metrics as m  # pylint: disable=import-outside-toplevel
+  return {"precision": float(m.precision_score(gold, predicted, zero_division=0)),
+          "recall": float(m.recall_score(gold, predicted, zero_division=0)),
+          "f1": float(m.f1_score(gold, predicted, zero_division=0)),
+          "accuracy": float(m.accuracy_score(gold, predicted))}

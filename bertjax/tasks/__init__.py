@@ -10,13 +10,14 @@ import ml_collections
 
 from bertjax.errors import UserError
 from bertjax.data import glue as glue_data
-from bertjax.tasks import features, glue, pretraining
+from bertjax.tasks import features, glue, ner, pretraining
 
 REGISTRY: dict[str, Callable[[ml_collections.ConfigDict, str], None]] = {
     "pretraining": pretraining.run,
     "features": features.run,
     # GLUE fine-tuning (configs/glue.py): the task's name picks the GLUE task.
     **{name: glue.run for name in glue_data.TASKS if name != "ax"},
+    "ner": ner.run,  # CoNLL-2003 NER (configs/ner.py)
 }
 
 
