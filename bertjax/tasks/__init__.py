@@ -10,7 +10,7 @@ import ml_collections
 
 from bertjax.errors import UserError
 from bertjax.data import glue as glue_data
-from bertjax.tasks import features, glue, ner, pretraining
+from bertjax.tasks import features, glue, ner, pretraining, swag
 
 REGISTRY: dict[str, Callable[[ml_collections.ConfigDict, str], None]] = {
     "pretraining": pretraining.run,
@@ -18,6 +18,7 @@ REGISTRY: dict[str, Callable[[ml_collections.ConfigDict, str], None]] = {
     # GLUE fine-tuning (configs/glue.py): the task's name picks the GLUE task.
     **{name: glue.run for name in glue_data.TASKS if name != "ax"},
     "ner": ner.run,  # CoNLL-2003 NER (configs/ner.py)
+    "swag": swag.run,  # SWAG multiple choice (configs/swag.py)
 }
 
 
