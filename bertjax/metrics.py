@@ -7,9 +7,16 @@ scipy's `pearsonr` and `spearmanr` (tests/test_metrics.py checks each against th
 
 `glue_metrics(task, labels, predictions)` returns the metrics the GLUE benchmark reports for a
 task, under the key names of Hugging Face `evaluate`'s "glue" metric.
+
+SQuAD: `squad_exact_match` / `squad_f1` score one answer and `squad_metrics` a whole dev file's
+predictions, by the rules of the official evaluate-v1.1.py and evaluate-v2.0.py. NER:
+`entity_scores` is seqeval's entity-level precision / recall / F1 (conlleval's rules).
 """
 from __future__ import annotations
 
+import collections
+import re
+import string
 from typing import Callable
 
 import numpy as np
@@ -153,6 +160,155 @@ def glue_metrics(task: str, labels, predictions) -> dict[str, float]:
   if task not in GLUE_METRICS:
     raise ValueError(f"unknown GLUE task {task!r}; known tasks: {', '.join(GLUE_METRICS)}.")
   return {name: _METRICS[name](labels, predictions) for name in GLUE_METRICS[task]}
+
+
+# ----------------------------------------------------------------------------------------------
+# SQuAD: the rules of the official evaluation scripts, evaluate-v1.1.py and evaluate-v2.0.py.
+
+_SQUAD_PUNCTUATION = frozenset(string.punctuation)
+_SQUAD_ARTICLES = re.compile(r"\b(a|an|the)\b")
+
+
+def squad_normalize_answer(text: str) -> str:
+  """SQuAD's answer normalization: lower-case, drop punctuation (string.punctuation), replace the
+  articles a/an/the by spaces, collapse whitespace; in that order."""
+  text = "".join(c for c in text.lower() if c not in _SQUAD_PUNCTUATION)
+  return " ".join(_SQUAD_ARTICLES.sub(" ", text).split())
+
+
+def squad_exact_match(prediction: str, ground_truth: str) -> float:
+  """1.0 if the normalized answers are equal, else 0.0."""
+  return float(squad_normalize_answer(prediction) == squad_normalize_answer(ground_truth))
+
+
+def squad_f1(prediction: str, ground_truth: str, *, version_2: bool = False) -> float:
+  """Token F1 of two answers: the normalized words they share (with multiplicity), over both.
+
+  No shared word gives 0.0. With `version_2` (evaluate-v2.0.py's compute_f1) an answer that
+  normalizes to nothing (e.g. "" for no answer) scores 1.0 against another such answer and 0.0
+  against any other; evaluate-v1.1.py scores it 0.0 always.
+  """
+  pred_tokens = squad_normalize_answer(prediction).split()
+  gold_tokens = squad_normalize_answer(ground_truth).split()
+  if version_2 and (not pred_tokens or not gold_tokens):
+    return float(pred_tokens == gold_tokens)
+  common = collections.Counter(pred_tokens) & collections.Counter(gold_tokens)
+  num_same = sum(common.values())
+  if num_same == 0:
+    return 0.0
+  precision = num_same / len(pred_tokens)
+  recall = num_same / len(gold_tokens)
+  return 2 * precision * recall / (precision + recall)
+
+
+def squad_questions(data: list) -> list[dict]:
+  """The qas entries of SQuAD's data list (data[].paragraphs[].qas[]), in file order."""
+  return [qa for article in data for paragraph in article["paragraphs"]
+          for qa in paragraph["qas"]]
+
+
+def squad_metrics(data: list, predictions: dict[str, str], na_probs: dict[str, float] | None = None,
+                  na_prob_thresh: float = 1.0, *, version_2: bool = False) -> dict[str, float]:
+  """SQuAD scores of `predictions` against the answers of `data`, as the official scripts give.
+
+  SQuAD v1.1 (evaluate-v1.1.py): each question scores the best exact match and F1 over its
+  answers; a question without a prediction scores 0. Returns {"exact_match", "f1"}, in percent.
+
+  SQuAD v2.0 (evaluate-v2.0.py, `version_2`): answers that normalize to nothing are dropped, and a
+  question without answers (unanswerable) has the one gold answer "" (only "" scores 1 on it).
+  A question whose na_probs entry exceeds na_prob_thresh counts as answered "" (default na_probs:
+  0 for every question). Returns "exact", "f1" and "total" over all questions, the same with
+  prefixes "HasAns_" and "NoAns_" over answerable and unanswerable ones (when there are any), and,
+  when na_probs is given, "best_exact", "best_exact_thresh", "best_f1", "best_f1_thresh": the
+  best scores over all na_probs thresholds and the thresholds reaching them.
+
+  Args:
+    data: the "data" list of a SQuAD file (data[].paragraphs[].qas[] with id and answers[].text).
+    predictions: {question id: answer text} ("" for no answer).
+    na_probs: v2.0: {question id: score that the question has no answer}, e.g. null_odds.json.
+    na_prob_thresh: v2.0: the no-answer threshold on na_probs (the official default 1.0).
+    version_2: score by evaluate-v2.0.py's rules, else evaluate-v1.1.py's.
+
+  Raises:
+    ValueError: no questions; v1.1: a question without answers; v2.0: a question without a
+      prediction or (na_probs given) without an na_probs entry, which the official script fails on.
+  """
+  questions = squad_questions(data)
+  if not questions:
+    raise ValueError("the SQuAD data holds no questions.")
+  if not version_2:
+    exact = f1_sum = 0.0
+    for qa in questions:
+      if not qa["answers"]:
+        raise ValueError(f"question {qa['id']} has no answers; score SQuAD 2.0 data with "
+                         "version_2=True.")
+      if qa["id"] not in predictions:
+        continue  # scores 0, as "Unanswered question ... will receive score 0"
+      prediction, golds = predictions[qa["id"]], [a["text"] for a in qa["answers"]]
+      exact += max(squad_exact_match(prediction, gold) for gold in golds)
+      f1_sum += max(squad_f1(prediction, gold) for gold in golds)
+    return {"exact_match": 100.0 * exact / len(questions), "f1": 100.0 * f1_sum / len(questions)}
+
+  missing = [qa["id"] for qa in questions if qa["id"] not in predictions]
+  if missing:
+    raise ValueError(f"{len(missing)} questions have no prediction (e.g. {missing[0]}); "
+                     "evaluate-v2.0.py needs one for every question.")
+  has_answer = {qa["id"]: bool(qa["answers"]) for qa in questions}
+  exact_raw, f1_raw = {}, {}
+  for qa in questions:
+    golds = [a["text"] for a in qa["answers"] if squad_normalize_answer(a["text"])] or [""]
+    prediction = predictions[qa["id"]]
+    exact_raw[qa["id"]] = max(squad_exact_match(prediction, gold) for gold in golds)
+    f1_raw[qa["id"]] = max(squad_f1(prediction, gold, version_2=True) for gold in golds)
+  probs = {qid: 0.0 for qid in predictions} if na_probs is None else na_probs
+  lacking = [qid for qid in has_answer if qid not in probs]
+  if lacking:
+    raise ValueError(f"{len(lacking)} questions have no na_probs entry (e.g. {lacking[0]}).")
+
+  def thresholded(raw):  # a question predicted unanswerable scores 1 iff it is
+    return {qid: float(not has_answer[qid]) if probs[qid] > na_prob_thresh else s
+            for qid, s in raw.items()}
+
+  exact, f1_scores = thresholded(exact_raw), thresholded(f1_raw)
+
+  def summary(qids, prefix=""):
+    return {f"{prefix}exact": 100.0 * sum(exact[q] for q in qids) / len(qids),
+            f"{prefix}f1": 100.0 * sum(f1_scores[q] for q in qids) / len(qids),
+            f"{prefix}total": len(qids)}
+
+  result = summary(list(exact))
+  for prefix, wanted in (("HasAns_", True), ("NoAns_", False)):
+    qids = [qid for qid, has in has_answer.items() if has == wanted]
+    if qids:
+      result.update(summary(qids, prefix))
+  if na_probs is not None:
+    for name, raw in (("exact", exact_raw), ("f1", f1_raw)):
+      best, thresh = _squad_best_threshold(predictions, raw, na_probs, has_answer)
+      result[f"best_{name}"], result[f"best_{name}_thresh"] = best, thresh
+  return result
+
+
+def _squad_best_threshold(predictions: dict[str, str], scores: dict[str, float],
+                          na_probs: dict[str, float], has_answer: dict[str, bool]
+                          ) -> tuple[float, float]:
+  """evaluate-v2.0.py's find_best_thresh: (best score in percent, its na_probs threshold).
+
+  Starting from "every question answered \"\"" (all unanswerable ones right), questions are
+  answered in the order of increasing na_probs: an answerable one adds its score, an unanswerable
+  one with a non-empty prediction costs 1.
+  """
+  score = best = float(sum(not has for has in has_answer.values()))
+  best_thresh = 0.0
+  for qid in sorted(na_probs, key=lambda k: na_probs[k]):
+    if qid not in scores:
+      continue
+    if has_answer[qid]:
+      score += scores[qid]
+    elif predictions[qid]:
+      score -= 1
+    if score > best:
+      best, best_thresh = score, na_probs[qid]
+  return 100.0 * best / len(scores), best_thresh
 
 
 def entity_scores(gold: list[list[str]], predicted: list[list[str]]) -> dict[str, float]:

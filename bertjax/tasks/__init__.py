@@ -10,7 +10,7 @@ import ml_collections
 
 from bertjax.errors import UserError
 from bertjax.data import glue as glue_data
-from bertjax.tasks import features, glue, ner, pretraining, swag
+from bertjax.tasks import features, glue, ner, pretraining, squad, swag
 
 REGISTRY: dict[str, Callable[[ml_collections.ConfigDict, str], None]] = {
     "pretraining": pretraining.run,
@@ -19,6 +19,7 @@ REGISTRY: dict[str, Callable[[ml_collections.ConfigDict, str], None]] = {
     **{name: glue.run for name in glue_data.TASKS if name != "ax"},
     "ner": ner.run,  # CoNLL-2003 NER (configs/ner.py)
     "swag": swag.run,  # SWAG multiple choice (configs/swag.py)
+    "squad": squad.run,  # SQuAD v1.1 / v2.0 (configs/squad.py, configs/squad.py:v2.0)
 }
 
 
