@@ -9,16 +9,12 @@ import json
 import os
 import sys
 
-import flax.linen as nn
-import jax
 import numpy as np
 import pytest
 
 from bertjax import metrics, tokenization
-from bertjax.convert import hf
 from bertjax.data import squad as squad_data
 from bertjax.errors import UserError
-from bertjax.models import bert, heads
 from bertjax.tasks import squad
 from bertjax.tokenization import WordPieceTokenizer
 
@@ -373,18 +369,9 @@ def test_postprocess(tok):
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory, vocab_file):
-  """A random (untrained) BERT saved as a bertjax checkpoint with its vocab.txt."""
-  directory = tmp_path_factory.mktemp("model")
-  config = bert.BertConfig(vocab_size=len(VOCAB), hidden_size=64, num_layers=2, num_heads=2,
-                           intermediate_size=128, max_position_embeddings=64)
-  ids = np.zeros((1, 4), np.int32)
-  params = heads.BertForPreTraining(config).init(jax.random.PRNGKey(0), ids, ids, ids,
-                                                 deterministic=True)["params"]
-  out = directory / "bert"
-  hf.save_bertjax_checkpoint(str(out), jax.tree.map(np.asarray, nn.unbox(params)), config,
-                             [vocab_file])
-  return str(out)
+def model_dir(tmp_path_factory, random_bert):
+  """A random (untrained) small BERT saved as a bertjax checkpoint with its vocab.txt."""
+  return random_bert(tmp_path_factory.mktemp("model"), VOCAB)
 
 
 def _write_squad(path, rng, n, impossible_share):

@@ -16,16 +16,12 @@ import os
 import subprocess
 import sys
 
-import flax.linen as nn
-import jax
 import numpy as np
 import pytest
 
 from bertjax import tokenization
-from bertjax.convert import hf
 from bertjax.data import swag as swag_data
 from bertjax.errors import UserError
-from bertjax.models import bert, heads
 from bertjax.tasks import swag
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -38,19 +34,9 @@ HEADER = ["", "video-id", "fold-ind", "startphrase", "sent1", "sent2", "gold-sou
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-  """A random (untrained) BERT saved as a bertjax checkpoint with its vocab.txt."""
-  directory = tmp_path_factory.mktemp("model")
-  (directory / "vocab.txt").write_text("".join(t + "\n" for t in VOCAB))
-  config = bert.BertConfig(vocab_size=len(VOCAB), hidden_size=64, num_layers=2, num_heads=2,
-                           intermediate_size=128, max_position_embeddings=64)
-  ids = np.zeros((1, 4), np.int32)
-  params = heads.BertForPreTraining(config).init(jax.random.PRNGKey(0), ids, ids, ids,
-                                                 deterministic=True)["params"]
-  out = directory / "bert"
-  hf.save_bertjax_checkpoint(str(out), jax.tree.map(np.asarray, nn.unbox(params)), config,
-                             [str(directory / "vocab.txt")])
-  return str(out)
+def model_dir(tmp_path_factory, random_bert):
+  """A random (untrained) small BERT saved as a bertjax checkpoint with its vocab.txt."""
+  return random_bert(tmp_path_factory.mktemp("model"), VOCAB)
 
 
 @pytest.fixture(scope="module")
