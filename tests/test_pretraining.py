@@ -2,6 +2,7 @@
 after a fresh process, SIGTERM, and every kind of bad input (CPU, a small slice of the bundled
 corpus, a 32-token sequence)."""
 import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -96,7 +97,7 @@ def test_cli_end_to_end(corpus, tmp_path):
   out = _run(workdir, _flags(corpus))
   assert out.returncode == 0, out.stderr[-3000:]
   assert sorted(os.listdir(workdir)) == ["bert_config.json", "checkpoints", "config.json",
-                                         "metrics.jsonl", "tensorboard"]
+                                         "eval_results.json", "metrics.jsonl", "tensorboard"]
   assert sorted(int(s) for s in os.listdir(workdir / "checkpoints")) == [4, 6]  # keep 2
   records = _metrics(workdir)
   train_records = [r for r in records if r["split"] == "train"]
@@ -109,6 +110,8 @@ def test_cli_end_to_end(corpus, tmp_path):
   assert train_records[1]["learning_rate"] == pytest.approx(2e-3 * 1 / 2)  # warmup step 1 of 2
   assert eval_records[-1]["examples"] == 32  # eval_steps=2 batches of 16
   assert 0 <= eval_records[-1]["frequency_baseline_mlm_accuracy"] < 0.5
+  last = json.loads((workdir / "eval_results.json").read_text())  # the last evaluation
+  assert last == {k: v for k, v in eval_records[-1].items() if k != "split"}
   assert os.listdir(workdir / "tensorboard")
   config = (workdir / "config.json").read_text()
   assert '"max_seq_length": 32' in config
