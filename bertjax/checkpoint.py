@@ -225,11 +225,14 @@ class LoadReport:
       (freshly initialised) values, e.g. a new task head.
     unused: parameters in the checkpoint that the target has no place for, e.g. the
       pretraining heads when fine-tuning.
+    replaced: parameters under `fresh_on_mismatch` whose saved shape differs from the target's
+      (e.g. a classifier for another number of labels); they keep the fresh values too.
   """
   step_dir: str
   loaded: list[str]
   missing: list[str]
   unused: list[str]
+  replaced: list[str] = dataclasses.field(default_factory=list)
 
 
 def find_step_dir(path: epath.PathLike) -> epath.Path:
@@ -266,7 +269,8 @@ def saved_param_shapes(path: epath.PathLike) -> dict[str, tuple[int, ...]]:
           for p, m in jax.tree_util.tree_flatten_with_path(saved_tree["params"])[0]}
 
 
-def load_params(path: epath.PathLike, target_params: Any) -> tuple[Any, LoadReport]:
+def load_params(path: epath.PathLike, target_params: Any,
+                fresh_on_mismatch: Sequence[str] = ()) -> tuple[Any, LoadReport]:
   """Loads the parameters of a saved train state into `target_params` (e.g. `init_checkpoint`).
 
   Only the `params` entry of the saved state is read (orbax partial restore): no optimizer
@@ -277,6 +281,8 @@ def load_params(path: epath.PathLike, target_params: Any) -> tuple[Any, LoadRepo
     target_params: nested dict of freshly initialised jax.Arrays (or ShapeDtypeStructs with
       shardings), e.g. a fine-tuning model's "params". Loaded arrays take each target leaf's
       dtype and sharding.
+    fresh_on_mismatch: path prefixes (e.g. "sequence_classification/", a task head) whose
+      parameters keep their fresh values when the saved shape differs, instead of raising.
   Returns:
     (params: the structure of `target_params`, with every parameter the checkpoint has
      replaced by the saved value, LoadReport).
@@ -288,17 +294,20 @@ def load_params(path: epath.PathLike, target_params: Any) -> tuple[Any, LoadRepo
   flat_target = traverse_util.flatten_dict(target_params, sep="/")
   expected = {p: tuple(x.shape) for p, x in flat_target.items()}
 
+  differing = sorted(p for p in saved.keys() & expected.keys() if saved[p] != expected[p])
+  replaced = [p for p in differing if p.startswith(tuple(fresh_on_mismatch))]
   mismatched = [f"{p}: {saved[p]} in the checkpoint, {expected[p]} in the model"
-                for p in sorted(saved.keys() & expected.keys()) if saved[p] != expected[p]]
+                for p in differing if p not in replaced]
   if mismatched:
     raise UserError(
         f"init_checkpoint {step_dir} has parameters whose shapes differ from the model "
         f"({len(mismatched)}): {_listing(mismatched)}. Use a checkpoint of a model of the same "
         "size, or set the model config (vocab, hidden size, layers, ...) to match it.")
-  loaded = sorted(saved.keys() & expected.keys())
+  loaded = sorted(saved.keys() & expected.keys() - set(replaced))
   missing = sorted(expected.keys() - saved.keys())
   unused = sorted(saved.keys() - expected.keys())
-  report = LoadReport(step_dir=str(step_dir), loaded=loaded, missing=missing, unused=unused)
+  report = LoadReport(step_dir=str(step_dir), loaded=loaded, missing=missing, unused=unused,
+                      replaced=replaced)
   if not loaded:
     return target_params, report
 

@@ -63,6 +63,9 @@ class Task:
     write_predictions: (set name, {name: [N, ...] numpy array}, workdir) -> None: writes
       predictions in the task's official format. Called after the last step for each of
       predict_sets and for "eval" with the last evaluation's predictions.
+    head: the name of the task's head in the parameters (e.g. "sequence_classification"): an
+      init_checkpoint whose head has other shapes (another number of labels) leaves it freshly
+      initialised, with a message, instead of stopping.
   """
   init_params: Callable[[jax.Array, Batch], Params]
   loss_fn: Callable[[Params, Batch, jax.Array], tuple[jax.Array, dict[str, jax.Array]]]
@@ -77,6 +80,7 @@ class Task:
   predict_sets: Mapping[str, Callable[[], Iterable[Batch]]] = dataclasses.field(
       default_factory=dict)
   write_predictions: Callable[[str, dict[str, np.ndarray], epath.Path], None] | None = None
+  head: str = ""
 
 
 def make_optimizer(train_config: ml_collections.ConfigDict):
@@ -293,14 +297,22 @@ class _Preemption:
 
 
 def restore_or_init(config: ml_collections.ConfigDict, setup: Setup,
-                    checkpoints: checkpoint.Checkpoints) -> tuple[TrainState, dict | None]:
-  """The start state: latest checkpoint, else init_checkpoint's parameters, else fresh."""
+                    checkpoints: checkpoint.Checkpoints,
+                    head: str = "") -> tuple[TrainState, dict | None]:
+  """The start state: latest checkpoint, else init_checkpoint's parameters, else fresh.
+
+  `head` (Task.head) names parameters that stay fresh when init_checkpoint's differ in shape.
+  """
   if checkpoints.latest_step() is not None:
     return checkpoints.restore(setup.abstract_state)
   state = setup.init_state()
   if config.init_checkpoint:
-    params, report = checkpoint.load_params(config.init_checkpoint, state["params"])
+    params, report = checkpoint.load_params(config.init_checkpoint, state["params"],
+                                            fresh_on_mismatch=(head + "/",) if head else ())
     print(f"init_checkpoint: {len(report.loaded)} parameters from {report.step_dir}")
+    if report.replaced:
+      print(f"init_checkpoint: its {head} has other shapes (another task or number of labels); "
+            f"freshly initialised {', '.join(report.replaced)}")
     if report.missing:
       print(f"init_checkpoint: freshly initialised {len(report.missing)} parameters it lacks: "
             f"{', '.join(report.missing[:8])}{' ...' if len(report.missing) > 8 else ''}")
@@ -320,7 +332,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, task: Ta
   checkpoints = checkpoint.Checkpoints(
       workdir / "checkpoints", save_every_steps=config.train.checkpoint_every_steps,
       keep=config.train.keep_checkpoints)
-  state, position = restore_or_init(config, setup, checkpoints)
+  state, position = restore_or_init(config, setup, checkpoints, task.head)
   start_step = int(state["step"])
   total = config.train.num_train_steps
   # Where this process stops: the end of the run, or earlier for a time-boxed job.

@@ -18,20 +18,22 @@ from bertjax.errors import UserError
 
 
 class _Tiny(nn.Module):
-  """Dense(hidden) -> LayerNorm -> Dense(2) named `head`."""
+  """Dense(hidden) -> LayerNorm -> Dense(outputs) named `head`."""
   hidden: int = 4
   head: str = "mlm"
+  outputs: int = 2
 
   @nn.compact
-  def __call__(self, x):  # [batch, 3] -> [batch, 2]
+  def __call__(self, x):  # [batch, 3] -> [batch, outputs]
     x = nn.Dense(self.hidden, name="dense")(x)
     x = nn.LayerNorm(name="layer_norm")(x)
-    return nn.Dense(2, name=self.head)(x)
+    return nn.Dense(self.outputs, name=self.head)(x)
 
 
-def _state(hidden=4, head="mlm", seed=0):
+def _state(hidden=4, head="mlm", seed=0, outputs=2):
   """The trainer's state dict after one optimizer step, so every leaf holds distinct values."""
-  params = _Tiny(hidden, head).init(jax.random.PRNGKey(seed), jnp.ones((1, 3)))["params"]
+  params = _Tiny(hidden, head, outputs).init(jax.random.PRNGKey(seed),
+                                             jnp.ones((1, 3)))["params"]
   tx, _ = optim.make_optimizer(num_train_steps=10, warmup_steps=0)
   opt_state = tx.init(params)
   grads = jax.tree.map(lambda p: jnp.full_like(p, 0.5), params)
@@ -171,6 +173,24 @@ def test_load_params_reports_missing_and_unused(tmp_path):
   for name in ("dense", "layer_norm"):
     _assert_trees_equal(params[name], saved["params"][name])
   _assert_trees_equal(params["classifier"], target["classifier"])  # kept fresh
+
+
+def test_load_params_keeps_a_head_of_other_shape_fresh_when_asked(tmp_path):
+  """A classifier for 2 labels does not fit a 3-label task: fresh_on_mismatch keeps the new
+  head fresh (reported as replaced) and still loads the rest; without it, an error."""
+  saved = _state(head="classifier", seed=1, outputs=2)
+  _save(tmp_path / "checkpoints", [1], state=saved)
+  target = _state(head="classifier", seed=7, outputs=3)["params"]
+  with pytest.raises(UserError, match=r"classifier/kernel: \(4, 2\) in the checkpoint, \(4, 3\)"):
+    checkpoint.load_params(tmp_path, target)
+  params, report = checkpoint.load_params(tmp_path, target, fresh_on_mismatch=("classifier/",))
+  assert report.replaced == ["classifier/bias", "classifier/kernel"] and report.missing == []
+  assert report.loaded == ["dense/bias", "dense/kernel", "layer_norm/bias", "layer_norm/scale"]
+  _assert_trees_equal(params["classifier"], target["classifier"])
+  _assert_trees_equal(params["dense"], saved["params"]["dense"])
+  with pytest.raises(UserError, match=r"dense/kernel: \(3, 4\) in the checkpoint, \(3, 6\)"):
+    checkpoint.load_params(tmp_path, _state(hidden=6, head="classifier", outputs=3)["params"],
+                           fresh_on_mismatch=("classifier/",))  # only the head may differ
 
 
 def test_load_params_shape_mismatch_and_bad_paths(tmp_path):

@@ -94,11 +94,17 @@ def _config(task, model_dir, glue_dir, **train):
   return config
 
 
-def test_sst2_learns_and_writes_glue_files(model_dir, glue_dir, tmp_path):
-  workdir = tmp_path / "sst2"
+@pytest.fixture(scope="module")
+def sst2_run(model_dir, glue_dir, tmp_path_factory):
+  """(workdir, config, dev metrics) of SST-2 fine-tuning with test predictions."""
+  workdir = tmp_path_factory.mktemp("runs") / "sst2"
   config = _config("sst2", model_dir, glue_dir)
   config.data.predict_splits = "test"
-  result = glue.run(config, str(workdir))
+  return workdir, config, glue.run(config, str(workdir))
+
+
+def test_sst2_learns_and_writes_glue_files(sst2_run, glue_dir, tmp_path):
+  workdir, config, result = sst2_run
   assert result["accuracy"] > 0.9, result  # chance is about 0.5
   saved = json.loads((workdir / "eval_results.json").read_text())
   assert saved["accuracy"] == result["accuracy"] and saved["step"] == config.train.num_train_steps
@@ -143,6 +149,19 @@ def test_stsb_regression_correlates(model_dir, glue_dir, tmp_path):
   result = glue.run(config, str(tmp_path / "stsb"))
   assert set(result) == {"loss", "pearson", "spearmanr"}
   assert result["pearson"] > 0.8, result
+
+
+def test_a_fine_tuned_model_starts_another_task(sst2_run, glue_dir, tmp_path, capsys):
+  """STS-B from the SST-2 workdir: the encoder is loaded, the 2-label classifier does not fit
+  the 1-output regressor and starts fresh (said so), and training goes on."""
+  workdir, _, _ = sst2_run
+  config = _config("stsb", str(workdir), glue_dir, num_train_epochs=1.0)
+  result = glue.run(config, str(tmp_path / "stsb"))
+  printed = capsys.readouterr().out
+  assert "its sequence_classification has other shapes" in printed
+  assert ("freshly initialised sequence_classification/classifier/bias, "
+          "sequence_classification/classifier/kernel") in printed
+  assert np.isfinite(result["pearson"])
 
 
 def test_bad_configs_are_named(model_dir, glue_dir, tmp_path):

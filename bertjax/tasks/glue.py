@@ -174,7 +174,7 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> train.Task:
       init_batch=next(train_batches.iterate(None))[0],
       files=model.files,
       predict_fn=predict_fn, score_predictions=score_predictions, predict_sets=predict_sets,
-      write_predictions=write_predictions)
+      write_predictions=write_predictions, head="sequence_classification")
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:

@@ -197,7 +197,7 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> train.Task:
       eval_batches=eval_batches.eval_batches, init_batch=next(train_batches.iterate(None))[0],
       files={**pretrained_model.files, LABELS_FILE: json.dumps(labels) + "\n"},
       predict_fn=predict_fn, score_predictions=score_predictions, predict_sets=predict_sets,
-      write_predictions=write_predictions)
+      write_predictions=write_predictions, head="token_tagging")
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:

@@ -168,7 +168,7 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> train.Task:
       eval_batches=eval_batches.eval_batches, init_batch=next(train_batches.iterate(None))[0],
       files=pretrained.files,
       predict_fn=predict_fn, score_predictions=score_predictions,
-      write_predictions=write_predictions)
+      write_predictions=write_predictions, head="span")
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:

@@ -162,7 +162,7 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> train.Task:
       summarize_eval=summarize_eval, train_batches=train_batches.iterate,
       eval_batches=eval_batches.eval_batches, init_batch=next(train_batches.iterate(None))[0],
       files=model.files, predict_fn=predict_fn, score_predictions=score_predictions,
-      predict_sets=predict_sets, write_predictions=write_predictions)
+      predict_sets=predict_sets, write_predictions=write_predictions, head="multiple_choice")
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
