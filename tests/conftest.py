@@ -6,7 +6,7 @@ import jax
 import numpy as np
 import pytest
 
-from bertjax.convert import hf
+from bertjax import model_files
 from bertjax.models import bert, heads
 
 
@@ -24,7 +24,7 @@ def save_random_bert(directory, vocab: list[str]) -> str:
   params = heads.BertForPreTraining(config).init(jax.random.PRNGKey(0), ids, ids, ids,
                                                  deterministic=True)["params"]
   out = os.path.join(directory, "bert")
-  hf.save_bertjax_checkpoint(out, jax.tree.map(np.asarray, nn.unbox(params)), config,
+  model_files.save_model_dir(out, jax.tree.map(np.asarray, nn.unbox(params)), config,
                              [vocab_file])
   return out
 

@@ -19,7 +19,7 @@ import transformers
 from flax import traverse_util
 from safetensors.numpy import load_file, save_file
 
-from bertjax import checkpoint
+from bertjax import checkpoint, model_files
 from bertjax.convert import __main__ as cli
 from bertjax.convert import hf
 from bertjax.errors import UserError
@@ -497,7 +497,7 @@ def test_cli_from_hf_then_load_params_then_to_hf(tmp_path, pretraining, capsys):
   assert cli.main(["--from=hf", f"--src={tmp_path / 'hf'}", f"--dst={out}"]) == 0
   assert "converted 46 parameters" in capsys.readouterr().out
   assert (out / "vocab.txt").read_text() == vocab
-  config = hf.load_bert_config(str(out))
+  config = model_files.load_bert_config(str(out))
   assert config == hf.hf_config_to_bert_config(hf.load_hf_config(directory))
   converted, _ = hf.from_hf(hf.load_hf_state_dict(directory), config)
   loaded, report = checkpoint.load_params(str(out), jax.tree.map(jnp.asarray,
@@ -522,7 +522,7 @@ def test_cli_from_hf_then_load_params_then_to_hf(tmp_path, pretraining, capsys):
 def test_masked_lm_checkpoint_loads_with_fresh_nsp_and_pooler(tmp_path):
   _, directory = _save_hf(transformers.BertForMaskedLM, tmp_path / "hf", seed=5)
   cli.from_hf_dir(directory, str(tmp_path / "out"))
-  config = hf.load_bert_config(str(tmp_path / "out"))
+  config = model_files.load_bert_config(str(tmp_path / "out"))
   fresh = jax.tree.map(jnp.asarray, _fresh_params(config))
   loaded, report = checkpoint.load_params(str(tmp_path / "out"), fresh)
   assert report.missing == ["bert/pooler/dense/bias", "bert/pooler/dense/kernel",

@@ -11,10 +11,10 @@ import pytest
 import torch
 import transformers
 
-from bertjax import tokenization
+from bertjax import model_files, tokenization
 from bertjax.convert import __main__ as convert_cli
 from bertjax.data import sources
-from bertjax.tasks import features, pretrained
+from bertjax.tasks import features
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LINES = [
@@ -67,7 +67,7 @@ def test_features_equal_transformers_hidden_states(model_dir, tmp_path):
     records = [json.loads(line) for line in f]
   assert [r["linex_index"] for r in records] == [0, 1, 2, 3]
 
-  tok = pretrained.load_tokenizer(checkpoint_dir)
+  tok = model_files.load_tokenizer(checkpoint_dir)
   for line, record in zip(LINES, records):
     a, _, b = line.partition(" ||| ")
     ids, segments = features.encode(tok, a, b or None, 20)

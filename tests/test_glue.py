@@ -17,11 +17,11 @@ import pytest
 import torch
 import transformers
 
-from bertjax import metrics
+from bertjax import metrics, model_files
 from bertjax.convert import __main__ as convert_cli
 from bertjax.data import glue as glue_data
 from bertjax.errors import UserError
-from bertjax.tasks import glue, pretrained
+from bertjax.tasks import glue
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -134,7 +134,7 @@ def test_sst2_learns_and_writes_glue_files(sst2_run, glue_dir, tmp_path):
   assert convert_cli.to_hf_dir(str(workdir), str(tmp_path / "hf")) == (
       "BertForSequenceClassification")
   model = transformers.BertForSequenceClassification.from_pretrained(str(tmp_path / "hf")).eval()
-  tok = pretrained.load_tokenizer(str(workdir))
+  tok = model_files.load_tokenizer(str(workdir))
   examples = glue_data.read_examples("sst2", "dev", glue_dir)
   features = glue_data.encode_examples(examples, glue_data.TASKS["sst2"], tok, 32)
   with torch.no_grad():

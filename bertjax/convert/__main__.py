@@ -25,6 +25,7 @@ import os
 import shutil
 import sys
 
+from bertjax import model_files
 from bertjax.convert import hf
 from bertjax.convert import tf
 from bertjax.errors import UserError
@@ -49,7 +50,7 @@ def from_hf_dir(src: str, dst: str) -> hf.ConversionReport:
   config = hf.hf_config_to_bert_config(hf_config)
   task, num_labels = hf.hf_task(hf_config)
   params, report = hf.from_hf(hf.load_hf_state_dict(src), config, task, num_labels)
-  hf.save_bertjax_checkpoint(dst, params, config, hf.tokenizer_files(src))
+  model_files.save_model_dir(dst, params, config, model_files.tokenizer_files(src))
   return report
 
 
@@ -76,7 +77,7 @@ def to_hf_dir(src: str, dst: str) -> str:
                                           else None), f, indent=2)
     f.write("\n")
   save_file(tensors, os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
-  for path in hf.tokenizer_files(src):
+  for path in model_files.tokenizer_files(src):
     shutil.copy(path, os.path.join(dst, os.path.basename(path)))
   return architecture
 

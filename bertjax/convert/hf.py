@@ -42,7 +42,6 @@ import dataclasses
 import json
 import os
 import re
-import shutil
 from typing import Any, Callable, Iterable
 
 import flax.linen as nn
@@ -51,6 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
+from bertjax import model_files
 from bertjax.errors import UserError
 from bertjax.models import heads
 from bertjax.models.bert import BertConfig
@@ -156,8 +156,6 @@ _IGNORED = re.compile(r"^(bert\.)?embeddings\.(position_ids|token_type_ids)$")
 _TASK_HEAD_TENSOR = re.compile(r"^(classifier|qa_outputs)\.")
 # Hugging Face hidden_act -> bertjax hidden_act.
 _ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
-TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json",
-                   "special_tokens_map.json", "vocab.model")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -589,50 +587,6 @@ def hf_architecture(params: dict[str, Any]) -> str:
 
 # --- bertjax checkpoints on disk ----------------------------------------------------------------
 
-BERT_CONFIG_FILE = "bert_config.json"
-
-
-def tokenizer_files(directory: str) -> list[str]:
-  """The tokenizer files (TOKENIZER_FILES) that exist in `directory`."""
-  return [os.path.join(directory, n) for n in TOKENIZER_FILES
-          if os.path.isfile(os.path.join(directory, n))]
-
-
-def save_bertjax_checkpoint(out_dir: str, params: dict[str, Any], config: BertConfig,
-                            tokenizer_paths: Iterable[str] = ()) -> None:
-  """Writes a bertjax checkpoint that `config.init_checkpoint=OUT` can start from.
-
-  OUT/checkpoints/0/state: {'step': int32 0, 'params': params} (bertjax.checkpoint.Checkpoints);
-  OUT/bert_config.json: the BertConfig fields; and each of `tokenizer_paths` copied into OUT.
-  """
-  from bertjax import checkpoint  # pylint: disable=import-outside-toplevel
-  os.makedirs(out_dir, exist_ok=True)
-  state = {"step": jnp.asarray(0, jnp.int32), "params": jax.tree.map(jnp.asarray, params)}
-  with checkpoint.Checkpoints(os.path.join(os.path.abspath(out_dir), checkpoint.CHECKPOINTS_DIR),
-                              save_every_steps=1, keep=None, async_save=False) as ckpts:
-    ckpts.save(0, state, None, force=True)
-  with open(os.path.join(out_dir, BERT_CONFIG_FILE), "w", encoding="utf-8") as f:
-    json.dump(dataclasses.asdict(config), f, indent=2)
-    f.write("\n")
-  for path in tokenizer_paths:
-    shutil.copy(path, os.path.join(out_dir, os.path.basename(path)))
-
-
-def load_bert_config(directory: str) -> BertConfig:
-  """DIRECTORY/bert_config.json -> BertConfig."""
-  path = os.path.join(directory, BERT_CONFIG_FILE)
-  if not os.path.isfile(path):
-    raise UserError(f"no {BERT_CONFIG_FILE} in {directory}; give a directory written by "
-                    "`python -m bertjax.convert --from=hf` (or write the model's BertConfig "
-                    "fields there as JSON).")
-  with open(path, encoding="utf-8") as f:
-    fields = json.load(f)
-  try:
-    return BertConfig(**fields)
-  except (TypeError, ValueError) as e:
-    raise UserError(f"{path} is not a valid BertConfig ({e}); fix or rewrite it.") from None
-
-
 def load_bertjax_checkpoint(directory: str) -> tuple[dict[str, Any], BertConfig]:
   """The parameters and BertConfig of a bertjax checkpoint directory with bert_config.json.
 
@@ -640,7 +594,7 @@ def load_bertjax_checkpoint(directory: str) -> tuple[dict[str, Any], BertConfig]
   it holds (TASK_HEADS) is read with the number of labels it was saved with.
   """
   from bertjax import checkpoint  # pylint: disable=import-outside-toplevel
-  config = load_bert_config(directory)
+  config = model_files.load_bert_config(directory)
   saved = checkpoint.saved_param_shapes(directory)
   task, num_labels = None, 2
   for name, head in TASK_HEADS.items():

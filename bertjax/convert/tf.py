@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from bertjax import tokenization
+from bertjax import model_files, tokenization
 from bertjax.convert import hf
 from bertjax.errors import UserError
 from bertjax.models.bert import BertConfig
@@ -405,7 +405,7 @@ def convert_dir(src: str, dst: str, do_lower_case: bool | None = None) -> TfConv
 
   Args:
     src: a Google release directory (bert_config.json, vocab.txt, bert_model.ckpt.*).
-    dst: the bertjax checkpoint directory to write (`hf.save_bertjax_checkpoint`).
+    dst: the bertjax checkpoint directory to write (`model_files.save_model_dir`).
     do_lower_case: the tokenizer's casing; None to infer it (`choose_lowercase`).
   """
   config = load_google_config(src)
@@ -417,7 +417,7 @@ def convert_dir(src: str, dst: str, do_lower_case: bool | None = None) -> TfConv
   prefix = checkpoint_prefix(src)
   variables, ignored = load_tf_checkpoint(prefix)
   params, report = from_tf(variables, config)
-  hf.save_bertjax_checkpoint(dst, params, config, [vocab])
+  model_files.save_model_dir(dst, params, config, [vocab])
   with open(os.path.join(dst, tokenization.CONFIG_FILE), "w", encoding="utf-8") as f:
     json.dump({"do_lower_case": lowercase}, f, indent=2)
     f.write("\n")

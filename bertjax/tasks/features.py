@@ -27,11 +27,9 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from bertjax import checkpoint, tokenization
-from bertjax.convert import hf
+from bertjax import checkpoint, model_files, tokenization
 from bertjax.errors import UserError
 from bertjax.models import bert, heads
-from bertjax.tasks import pretrained
 
 OUTPUT_FILE = "features.jsonl"
 PAIR_SEPARATOR = " ||| "
@@ -111,13 +109,13 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> str:
   if os.path.exists(output):
     raise UserError(f"{output} exists; give a new --workdir (nothing is overwritten).")
   inputs = read_inputs(config.input_file)
-  model_dir = pretrained.find_model_dir(config.init_checkpoint)
-  bert_config = hf.load_bert_config(model_dir)
+  model_dir = model_files.find_model_dir(config.init_checkpoint)
+  bert_config = model_files.load_bert_config(model_dir)
   layers = parse_layers(config.layers, bert_config.num_layers)
   if config.max_seq_length > bert_config.max_position_embeddings:
     raise UserError(f"max_seq_length={config.max_seq_length} exceeds the model's "
                     f"{bert_config.max_position_embeddings} positions; lower it.")
-  tok = pretrained.load_tokenizer(model_dir)
+  tok = model_files.load_tokenizer(model_dir)
   if tok.vocab_size > bert_config.vocab_size:
     raise UserError(f"the tokenizer in {model_dir} has {tok.vocab_size} ids but the model "
                     f"{bert_config.vocab_size}; they do not belong together.")

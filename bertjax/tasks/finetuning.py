@@ -8,7 +8,6 @@ num_train_epochs, warmup_proportion, eval_every_steps, checkpoint_every_steps}` 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from collections.abc import Mapping
 
@@ -16,12 +15,10 @@ import jax
 import ml_collections
 import numpy as np
 
-from bertjax import tokenization
-from bertjax.convert import hf
+from bertjax import model_files, tokenization
 from bertjax.data.pipeline import FeatureBatches
 from bertjax.errors import UserError
 from bertjax.models.bert import BertConfig
-from bertjax.tasks import pretrained
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,19 +52,19 @@ def load_pretrained(config: ml_collections.ConfigDict, what: str) -> Pretrained:
     raise UserError(f"{what} starts from a pretrained model: set --config.init_checkpoint to a "
                     "pretraining workdir or a directory from `python -m bertjax.convert "
                     "--from=hf|tf`.")
-  model_dir = pretrained.find_model_dir(config.init_checkpoint)
+  model_dir = model_files.find_model_dir(config.init_checkpoint)
   bert_config = dataclasses.replace(
-      hf.load_bert_config(model_dir), dropout_rate=config.model.dropout_rate,
+      model_files.load_bert_config(model_dir), dropout_rate=config.model.dropout_rate,
       attention_dropout_rate=config.model.attention_dropout_rate, dtype=config.model.dtype)
   if config.data.max_seq_length > bert_config.max_position_embeddings:
     raise UserError(f"data.max_seq_length={config.data.max_seq_length} exceeds the model's "
                     f"{bert_config.max_position_embeddings} positions; lower it.")
-  tokenizer = pretrained.load_tokenizer(model_dir)
+  tokenizer = model_files.load_tokenizer(model_dir)
   if tokenizer.vocab_size > bert_config.vocab_size:
     raise UserError(f"the tokenizer in {model_dir} has {tokenizer.vocab_size} ids but the model "
                     f"{bert_config.vocab_size}; they do not belong together.")
-  files = {hf.BERT_CONFIG_FILE: json.dumps(dataclasses.asdict(bert_config), indent=2) + "\n",
-           **pretrained.tokenizer_files(model_dir)}
+  files = {model_files.BERT_CONFIG_FILE: model_files.bert_config_json(bert_config),
+           **model_files.tokenizer_file_contents(model_dir)}
   return Pretrained(model_dir, bert_config, tokenizer, files)
 
 

@@ -12,8 +12,6 @@ data position stored with each checkpoint records the phase, so a resumed run co
 """
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
 from typing import Any, Iterator
 
@@ -23,7 +21,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from bertjax import tokenization, train
+from bertjax import model_files, tokenization, train
 from bertjax.data import pretraining_examples as pe
 from bertjax.data import sources
 from bertjax.data.pipeline import PretrainingBatches
@@ -323,7 +321,7 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> train.Task:
       train_batches=phases.iterate,
       eval_batches=None if eval_pipeline is None else eval_pipeline.eval_batches,
       init_batch=init_batch,
-      files={"bert_config.json": json.dumps(dataclasses.asdict(bert_config), indent=2) + "\n"})
+      files={model_files.BERT_CONFIG_FILE: model_files.bert_config_json(bert_config)})
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:

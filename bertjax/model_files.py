@@ -1,0 +1,101 @@
+"""A model directory: what makes a checkpoint a model others can start from.
+
+  DIR/bert_config.json   the BertConfig fields (bertjax's names), as JSON
+  DIR/checkpoints/       orbax checkpoints (bertjax.checkpoint); `params` holds the weights
+  DIR/vocab.txt or DIR/vocab.model, DIR/tokenizer_config.json, ...   the tokenizer
+
+A pretraining or fine-tuning workdir is one, and so is what `python -m bertjax.convert` writes;
+`config.init_checkpoint` may name the directory or a checkpoint inside it (`find_model_dir`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from typing import Any, Iterable
+
+import jax
+import jax.numpy as jnp
+
+from bertjax import checkpoint, tokenization
+from bertjax.errors import UserError
+from bertjax.models.bert import BertConfig
+
+BERT_CONFIG_FILE = "bert_config.json"
+# Tokenizer files a model directory may hold (Google's, Hugging Face's and sentencepiece's names).
+TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json",
+                   "special_tokens_map.json", "vocab.model")
+
+
+def bert_config_json(config: BertConfig) -> str:
+  """The text of bert_config.json for `config`."""
+  return json.dumps(dataclasses.asdict(config), indent=2) + "\n"
+
+
+def load_bert_config(directory: str) -> BertConfig:
+  """DIRECTORY/bert_config.json -> BertConfig."""
+  path = os.path.join(directory, BERT_CONFIG_FILE)
+  if not os.path.isfile(path):
+    raise UserError(f"no {BERT_CONFIG_FILE} in {directory}; give a directory written by "
+                    "`python -m bertjax.convert --from=hf` (or write the model's BertConfig "
+                    "fields there as JSON).")
+  with open(path, encoding="utf-8") as f:
+    fields = json.load(f)
+  try:
+    return BertConfig(**fields)
+  except (TypeError, ValueError) as e:
+    raise UserError(f"{path} is not a valid BertConfig ({e}); fix or rewrite it.") from None
+
+
+def find_model_dir(path: str) -> str:
+  """The directory holding bert_config.json: `path`, or a parent of a checkpoint inside it."""
+  candidate = os.path.abspath(path)
+  for _ in range(3):  # OUT, OUT/checkpoints, OUT/checkpoints/STEP
+    if os.path.isfile(os.path.join(candidate, BERT_CONFIG_FILE)):
+      return candidate
+    candidate = os.path.dirname(candidate)
+  raise UserError(f"no {BERT_CONFIG_FILE} at or above {path}; give a pretraining workdir or "
+                  "a directory from `python -m bertjax.convert --from=hf` (or --from=tf).")
+
+
+def tokenizer_files(directory: str) -> list[str]:
+  """The paths of the tokenizer files (TOKENIZER_FILES) that exist in `directory`."""
+  return [os.path.join(directory, n) for n in TOKENIZER_FILES
+          if os.path.isfile(os.path.join(directory, n))]
+
+
+def tokenizer_file_contents(directory: str) -> dict[str, bytes]:
+  """{file name: contents} of the tokenizer files in `directory`, for a fine-tuning workdir to
+  carry them along (`train.Task.files`), so that it is a model directory in turn."""
+  out = {}
+  for path in tokenizer_files(directory):
+    with open(path, "rb") as f:
+      out[os.path.basename(path)] = f.read()
+  return out
+
+
+def load_tokenizer(directory: str) -> tokenization.Tokenizer:
+  """The tokenizer saved in a model directory: vocab.model (sentencepiece) or vocab.txt
+  (WordPiece, cased or not as tokenizer_config.json says)."""
+  if os.path.isfile(os.path.join(directory, tokenization.MODEL_FILE)):
+    return tokenization.SentencePieceTokenizer(os.path.join(directory, tokenization.MODEL_FILE))
+  return tokenization.load_tokenizer(directory)
+
+
+def save_model_dir(out_dir: str, params: dict[str, Any], config: BertConfig,
+                   tokenizer_paths: Iterable[str] = ()) -> None:
+  """Writes a model directory that `config.init_checkpoint=OUT` can start from.
+
+  OUT/checkpoints/0/state: {'step': int32 0, 'params': params} (bertjax.checkpoint.Checkpoints);
+  OUT/bert_config.json: the BertConfig fields; and each of `tokenizer_paths` copied into OUT.
+  """
+  os.makedirs(out_dir, exist_ok=True)
+  state = {"step": jnp.asarray(0, jnp.int32), "params": jax.tree.map(jnp.asarray, params)}
+  with checkpoint.Checkpoints(os.path.join(os.path.abspath(out_dir), checkpoint.CHECKPOINTS_DIR),
+                              save_every_steps=1, keep=None, async_save=False) as ckpts:
+    ckpts.save(0, state, None, force=True)
+  with open(os.path.join(out_dir, BERT_CONFIG_FILE), "w", encoding="utf-8") as f:
+    f.write(bert_config_json(config))
+  for path in tokenizer_paths:
+    shutil.copy(path, os.path.join(out_dir, os.path.basename(path)))
