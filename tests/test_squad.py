@@ -14,6 +14,7 @@ import pytest
 
 from bertjax import metrics, tokenization
 from bertjax.data import squad as squad_data
+from bertjax.data import squad_answers
 from bertjax.errors import UserError
 from bertjax.tasks import squad
 from bertjax.tokenization import WordPieceTokenizer
@@ -266,20 +267,20 @@ def test_basic_tokenize_is_berts(vocab_file):
     tokenizer = WordPieceTokenizer(vocab_file, lowercase=lowercase)
     reference = BasicTokenizer(do_lower_case=lowercase, tokenize_chinese_chars=True)
     for text in texts:
-      assert squad_data.basic_tokenize(text, tokenizer) == reference.tokenize(text), text
+      assert squad_answers.basic_tokenize(text, tokenizer) == reference.tokenize(text), text
 
 
 def test_get_final_text(vocab_file, tok):
   cased = WordPieceTokenizer(vocab_file, lowercase=False)
-  assert squad_data.get_final_text("steve smith", "Steve Smith's", tok) == "Steve Smith"
-  assert squad_data.get_final_text("1895", "(1895-1943).", tok) == "1895"
-  assert squad_data.get_final_text("cafe", "Café,", tok) == "Café"
+  assert squad_answers.get_final_text("steve smith", "Steve Smith's", tok) == "Steve Smith"
+  assert squad_answers.get_final_text("1895", "(1895-1943).", tok) == "1895"
+  assert squad_answers.get_final_text("cafe", "Café,", tok) == "Café"
   # Decomposed é: lower-casing strips the accent, the lengths differ, the whole text is kept.
-  assert squad_data.get_final_text("cafe", "Cafe\u0301,", tok) == "Cafe\u0301,"
-  assert squad_data.get_final_text("john", "Steve Smith's", tok) == "Steve Smith's"
+  assert squad_answers.get_final_text("cafe", "Cafe\u0301,", tok) == "Cafe\u0301,"
+  assert squad_answers.get_final_text("john", "Steve Smith's", tok) == "Steve Smith's"
   # Cased: the prediction must match the case.
-  assert squad_data.get_final_text("steve smith", "Steve Smith's", cased) == "Steve Smith's"
-  assert squad_data.get_final_text("Steve Smith", "Steve Smith's", cased) == "Steve Smith"
+  assert squad_answers.get_final_text("steve smith", "Steve Smith's", cased) == "Steve Smith's"
+  assert squad_answers.get_final_text("Steve Smith", "Steve Smith's", cased) == "Steve Smith"
   assert squad_data.detokenize(_ids(tok, ["zor", "##bax", ",", "red"]), tok) == "zorbax , red"
 
 
@@ -297,7 +298,7 @@ def test_sentencepiece_answers(tmp_path):
   assert sp.id_to_token(int(features.input_ids[0, start])) == "Zorbax" and start == end
   context = features.input_ids[0, start - 2:end + 3]  # ▁key ▁( Zorbax ), ▁red
   assert squad_data.detokenize(context, sp) == "key (Zorbax), red"
-  assert squad_data.get_final_text("Zorbax", "(Zorbax),", sp) == "Zorbax"
+  assert squad_answers.get_final_text("Zorbax", "(Zorbax),", sp) == "Zorbax"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -327,7 +328,7 @@ def test_postprocess(tok):
       (2, 0): (4.0, 4.0),
       (3, 6): (2.0, 2.0),  # q2: "red"
   })
-  result = squad_data.postprocess(examples, features, start, end, tok)
+  result = squad_answers.postprocess(examples, features, start, end, tok)
   assert result.predictions == {"q1": "Zorbax", "q2": "red"}
   assert result.null_odds == {} and not result.version_2_with_negative
   nbest = result.nbest["q1"]
@@ -340,26 +341,26 @@ def test_postprocess(tok):
   # The window 1 span (16) is not taken; window 1's ##bax (position 6) ends "bax" at -10 + 8.
   assert "bax" in [e["text"] for e in nbest]
   # One token at most: window 1's ##bax (-10 + 8) beats window 0's zor (5 - 10).
-  short = squad_data.postprocess(examples, features, start, end, tok, max_answer_length=1)
+  short = squad_answers.postprocess(examples, features, start, end, tok, max_answer_length=1)
   assert [e["text"] for e in short.nbest["q1"][:2]] == ["bax", "Zor"]
   # 3 best starts and ends of a window hold no valid one-token span: run_squad's "empty".
-  short = squad_data.postprocess(examples, features, start, end, tok, n_best_size=3,
+  short = squad_answers.postprocess(examples, features, start, end, tok, n_best_size=3,
                                  max_answer_length=1)
   assert short.nbest["q1"] == [{"text": "empty", "probability": 1.0, "start_logit": 0.0,
                                 "end_logit": 0.0}]
 
   # SQuAD 2.0: the null score is the smallest [CLS] score over the windows: 2 (window 0); the
   # best span scores 9, so null - best = -7.
-  v2 = squad_data.postprocess(examples, features, start, end, tok, version_2_with_negative=True)
+  v2 = squad_answers.postprocess(examples, features, start, end, tok, version_2_with_negative=True)
   assert v2.predictions["q1"] == "Zorbax" and v2.null_odds["q1"] == pytest.approx(-7.0)
   null = [e for e in v2.nbest["q1"] if e["text"] == ""]
   assert [(e["start_logit"], e["end_logit"]) for e in null] == [(1.0, 1.0)]
   assert null[0]["probability"] == pytest.approx(np.exp(2 - 9) * v2.nbest["q1"][0]["probability"])
-  v2 = squad_data.postprocess(examples, features, start, end, tok, version_2_with_negative=True,
+  v2 = squad_answers.postprocess(examples, features, start, end, tok, version_2_with_negative=True,
                               null_score_diff_threshold=-7.5)
   assert v2.predictions["q1"] == ""  # -7 > -7.5
   # Windows without logits: q1 (missing window 2) is left out.
-  partial = squad_data.postprocess(examples, features, start[[0, 1, 3]], end[[0, 1, 3]], tok,
+  partial = squad_answers.postprocess(examples, features, start[[0, 1, 3]], end[[0, 1, 3]], tok,
                                    feature_index=np.array([0, 1, 3]))
   assert partial.predictions == {"q2": "red"}
 
@@ -425,7 +426,7 @@ def test_squad_v1_learns_and_writes_run_squad_files(model_dir, tok, tmp_path):
   assert set(result) == {"exact_match", "f1"}
   assert result["exact_match"] > 90, result  # chance: about 0
 
-  predictions = json.loads((workdir / squad_data.PREDICTIONS_FILE).read_text())
+  predictions = json.loads((workdir / squad_answers.PREDICTIONS_FILE).read_text())
   qids = [qa["id"] for qa in metrics.squad_questions(dev["data"])]
   assert list(predictions) == qids and all(isinstance(v, str) for v in predictions.values())
   # The official scoring of predictions.json gives the reported result.
@@ -433,11 +434,11 @@ def test_squad_v1_learns_and_writes_run_squad_files(model_dir, tok, tmp_path):
   golds = {qa["id"]: qa["answers"][0]["text"] for qa in metrics.squad_questions(dev["data"])}
   exact = [q for q in qids if predictions[q] == golds[q]]  # original casing, "(", ")," trimmed
   assert len(exact) > 0.9 * len(qids)
-  nbest = json.loads((workdir / squad_data.NBEST_FILE).read_text())
+  nbest = json.loads((workdir / squad_answers.NBEST_FILE).read_text())
   assert list(nbest) == qids
   assert all(set(e) == {"text", "probability", "start_logit", "end_logit"}
              for entries in nbest.values() for e in entries)
-  assert not (workdir / squad_data.NULL_ODDS_FILE).exists()
+  assert not (workdir / squad_answers.NULL_ODDS_FILE).exists()
   assert json.loads((workdir / "eval_results.json").read_text())["f1"] == result["f1"]
 
 
@@ -453,8 +454,8 @@ def test_squad_v2_learns_no_answer(model_dir, tmp_path):
   assert result["HasAns_total"] > 20 and result["NoAns_total"] > 5
   assert result["HasAns_exact"] > 85 and result["NoAns_exact"] > 85, result
   assert {"best_exact", "best_exact_thresh", "best_f1", "best_f1_thresh"} <= set(result)
-  predictions = json.loads((workdir / squad_data.PREDICTIONS_FILE).read_text())
-  null_odds = json.loads((workdir / squad_data.NULL_ODDS_FILE).read_text())
+  predictions = json.loads((workdir / squad_answers.PREDICTIONS_FILE).read_text())
+  null_odds = json.loads((workdir / squad_answers.NULL_ODDS_FILE).read_text())
   assert list(null_odds) == list(predictions)
   # predictions.json answers "" exactly where null_odds exceeds the threshold (0.0).
   assert all((predictions[q] == "") == (null_odds[q] > 0.0) for q in predictions)

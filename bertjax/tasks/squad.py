@@ -33,6 +33,7 @@ from etils import epath
 
 from bertjax import metrics, train
 from bertjax.data import squad as squad_data
+from bertjax.data import squad_answers
 from bertjax.errors import UserError
 from bertjax.models import heads
 from bertjax.tasks import finetuning
@@ -136,8 +137,8 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> train.Task:
     return model.init({"params": rng}, batch["input_ids"], batch["segment_ids"],
                       batch["input_mask"], deterministic=True)["params"]
 
-  def answers(predictions: dict[str, np.ndarray]) -> squad_data.Predictions:
-    return squad_data.postprocess(
+  def answers(predictions: dict[str, np.ndarray]) -> squad_answers.Predictions:
+    return squad_answers.postprocess(
         eval_examples, eval_features, predictions["start_logits"], predictions["end_logits"],
         tok, feature_index=predictions["feature_index"], n_best_size=data.n_best_size,
         max_answer_length=data.max_answer_length, version_2_with_negative=version_2,
@@ -157,7 +158,7 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> train.Task:
   def write_predictions(split: str, predictions: dict[str, np.ndarray],
                         directory: epath.Path) -> None:
     if split == "eval":
-      squad_data.write_prediction_files(directory, answers(predictions))
+      squad_answers.write_prediction_files(directory, answers(predictions))
 
   print(f"squad{' v2.0' if version_2 else ''}: {len(train_examples)} training questions "
         f"({len(train_features)} windows, {tr.num_train_steps} steps), {len(eval_examples)} "
