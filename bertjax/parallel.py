@@ -46,8 +46,11 @@ LOGICAL_RULES: tuple[tuple[str, Any], ...] = (
 def maybe_initialize_distributed() -> None:
   """Joins a multi-host job when the environment describes one (Cloud TPU pods, SLURM, ...).
 
-  `jax.distributed.initialize()` finds the coordinator on Cloud TPU VMs by itself; elsewhere set
-  JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID. A single host does nothing.
+  The sign is TPU_WORKER_HOSTNAMES naming several hosts (GKE) or JAX_COORDINATOR_ADDRESS being
+  set; `jax.distributed.initialize()` then finds the process count and index itself on Cloud
+  TPU. A TPU VM pod slice sets neither: `launch/tpu.py run` exports JAX_COORDINATOR_ADDRESS
+  (worker 0, from the metadata server) on every worker. Elsewhere set JAX_COORDINATOR_ADDRESS,
+  JAX_NUM_PROCESSES and JAX_PROCESS_ID. A single host does nothing.
   """
   on_tpu_pod = int(os.environ.get("TPU_WORKER_HOSTNAMES", "").count(",")) > 0
   explicit = "JAX_COORDINATOR_ADDRESS" in os.environ

@@ -1,0 +1,417 @@
+#!/usr/bin/env python3
+"""Cloud TPU VMs for bertjax: create, set up on every worker, run, read logs, stop, delete.
+
+  python launch/tpu.py create --name=bert --zone=us-central2-b --project=P --accelerator-type=v4-8
+  python launch/tpu.py setup  --name=bert --zone=us-central2-b --project=P [--repo=URL --ref=REF]
+  python launch/tpu.py run    --name=bert --zone=us-central2-b --project=P --bucket=B \\
+      --config=configs/base.py --workdir=runs/bert_base --config.train.batch_size=256 ...
+  python launch/tpu.py logs   --name=bert --zone=us-central2-b --project=P [--follow]
+  python launch/tpu.py stop   --name=bert --zone=us-central2-b --project=P
+  python launch/tpu.py delete --name=bert --zone=us-central2-b --project=P
+
+Every subcommand takes --dry-run: it prints the commands it would run, one a line (shell-quoted,
+ready to paste), and runs nothing. Otherwise it runs them in order with the Google Cloud CLI
+(`gcloud`, which must be on PATH and logged in) and stops at the first that fails. --project,
+--zone and --name default to $CLOUDSDK_CORE_PROJECT, $CLOUDSDK_COMPUTE_ZONE and $TPU_NAME.
+
+What happens on the workers:
+  setup  on every worker (`gcloud ... ssh --worker=all`), unless a run is going on there:
+         installs Python >= 3.11 (the image's python3 if new enough, else Ubuntu's python3.11)
+         and git; puts the code in ~/bertjax (a clone of --repo at --ref, or, without --repo,
+         this working tree sent as a tarball with `gcloud ... scp --worker=all`); makes the
+         venv ~/bertjax-venv and runs `pip install -e ~/bertjax "jax[tpu]==<the jax that
+         setup.py pins>"` (jax's tpu extra pins its libtpu, which pip takes from the package
+         index like any other package, so no extra find-links page is needed).
+  run    the same command on every worker: `python -m bertjax.main --config=... --workdir=...`
+         plus the --config.KEY=VALUE overrides given, started with nohup in the background
+         (ssh can disconnect); each worker logs to its own ~/bertjax-run.log and keeps the pid in
+         ~/bertjax-run.pid. A second run while one is going on fails on that worker.
+  stop   sends SIGTERM on every worker; bertjax saves a checkpoint and exits 0 (as on a Cloud
+         TPU preemption), and `run` with the same workdir resumes from it.
+
+Multi-host (pod slices, e.g. v4-32: 4 hosts of 4 chips, v5litepod-16: 2 hosts of 8 chips):
+  * Every worker runs the same program. bertjax calls `jax.distributed.initialize()` when
+    TPU_WORKER_HOSTNAMES (set by GKE) or JAX_COORDINATOR_ADDRESS is in the environment
+    (bertjax/parallel.py, maybe_initialize_distributed). A TPU VM made by `gcloud ... create`
+    sets neither, so `run` reads the workers from the metadata server and, on a slice of more
+    than one host, exports JAX_COORDINATOR_ADDRESS=<worker 0>:8482; jax then takes the process
+    count and this worker's index from the metadata server. (Without it, libtpu would still
+    join the hosts, but orbax's checkpoints need the jax.distributed client.) On one host
+    (v4-8) nothing is exported.
+  * Each host reads only its shard of every global batch, so the text (or static examples) must
+    be readable at the same path on every worker, and the workdir (checkpoints written by all
+    hosts) must be shared: use --bucket. bertjax reads and writes local paths only (orbax
+    checkpoints through a file system), so a Cloud Storage bucket is mounted with gcsfuse on
+    every worker at /mnt/BUCKET, and --workdir is a path inside it. A gs:// workdir is refused.
+  * A multi-host run does not train its vocabulary (each host would train its own): pass
+    --config.data.vocab_model=/mnt/BUCKET/vocab.model, made by a single-host run.
+  * The worker's service account needs read/write access to the bucket.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+
+PROG = "tpu.py"
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# On the workers (relative to the home directory of the ssh user).
+REMOTE_REPO = "$HOME/bertjax"
+REMOTE_VENV = "$HOME/bertjax-venv"
+REMOTE_LOG = "$HOME/bertjax-run.log"
+REMOTE_PID = "$HOME/bertjax-run.pid"
+REMOTE_TARBALL = "bertjax-src.tar.gz"  # scp'd into the home directory
+MOUNT_ROOT = "/mnt"  # --bucket=B is mounted at /mnt/B
+COORDINATOR_PORT = 8482  # jax's default for Cloud TPU (jax._src.clusters.cloud_tpu_cluster)
+METADATA_URL = "http://metadata.google.internal/computeMetadata/v1/instance/attributes/"
+
+# TPU software version (runtime image) for JAX by TPU generation, as the Cloud TPU docs list them
+# ("TPU software versions": v6e, v5p, v5e; v4 and older share the Ubuntu 22.04 base image).
+RUNTIME_VERSIONS = {
+    "v6e": "v2-alpha-tpuv6e",
+    "v5p": "v2-alpha-tpuv5",
+    "v5litepod": "v2-alpha-tpuv5-lite",
+    "v4": "tpu-ubuntu2204-base",
+    "v3": "tpu-ubuntu2204-base",
+    "v2": "tpu-ubuntu2204-base",
+}
+
+# Left out of the tarball of the working tree.
+TAR_EXCLUDES = (".git", ".venv", "__pycache__", "*.egg-info", ".pytest_cache", "build", "dist")
+
+# Without gcsfuse on a worker, the run stops before it starts, saying where to get it.
+GCSFUSE_MISSING = (
+    "echo 'gcsfuse is not installed on this worker: install Cloud Storage FUSE as its guide says "
+    "(https://cloud.google.com/storage/docs/cloud-storage-fuse/install), on every worker' >&2; "
+    "exit 1")
+
+
+class LaunchError(Exception):
+  """Bad input or a failed command: printed as one line, exit status 2 (or the command's)."""
+
+  def __init__(self, message: str, returncode: int = 2):
+    super().__init__(message)
+    self.returncode = returncode
+
+
+# ----------------------------------------------------------------------------------------------
+# Values.
+
+
+def pinned_jax_version(setup_py: str = os.path.join(REPO_ROOT, "setup.py")) -> str:
+  """The version of jax that setup.py pins ("jax==X")."""
+  with open(setup_py, encoding="utf-8") as f:
+    match = re.search(r"""["']jax==([0-9][0-9a-z.]*)["']""", f.read())
+  if not match:
+    raise LaunchError(f"no jax==VERSION pin in {setup_py}; it is where the jax[tpu] version "
+                      "installed on the workers comes from.")
+  return match.group(1)
+
+
+def runtime_version(accelerator_type: str) -> str:
+  """The TPU software version for an accelerator type such as v4-8, v5litepod-16, v6e-8."""
+  match = re.fullmatch(r"(v[0-9]+[a-z]*)-([0-9]+)", accelerator_type)
+  if not match:
+    raise LaunchError(f"--accelerator-type={accelerator_type} is not of the form GENERATION-SIZE "
+                      "(e.g. v4-8, v4-32, v5litepod-16, v5p-8, v6e-8).")
+  generation = match.group(1)
+  if generation not in RUNTIME_VERSIONS:
+    raise LaunchError(f"no default TPU software version for {generation}; pass --version "
+                      f"(known: {', '.join(f'{g}: {v}' for g, v in RUNTIME_VERSIONS.items())}).")
+  return RUNTIME_VERSIONS[generation]
+
+
+def bucket_name(bucket: str) -> str:
+  """A Cloud Storage bucket name, without gs:// (which is accepted)."""
+  name = bucket[len("gs://"):] if bucket.startswith("gs://") else bucket
+  name = name.rstrip("/")
+  if not re.fullmatch(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]", name):
+    raise LaunchError(f"--bucket={bucket} is not a bucket name (lowercase letters, digits, "
+                      "'-', '_', '.'); give the bucket alone, e.g. --bucket=my-bucket, and the "
+                      "path inside it with --workdir.")
+  return name
+
+
+def resolve_workdir(workdir: str, bucket: str | None) -> str:
+  """The workdir as the workers see it: inside the mounted bucket with --bucket."""
+  if workdir.startswith("gs://"):
+    raise LaunchError(f"--workdir={workdir}: bertjax writes its workdir through local paths; "
+                      "mount the bucket instead: --bucket=BUCKET --workdir=PATH_IN_BUCKET.")
+  if bucket is None:
+    return workdir
+  if os.path.isabs(workdir):
+    raise LaunchError(f"--workdir={workdir} with --bucket is a path inside the bucket, relative "
+                      f"(e.g. runs/bert_base, which the workers see as "
+                      f"{MOUNT_ROOT}/{bucket}/runs/bert_base).")
+  return f"{MOUNT_ROOT}/{bucket}/{workdir}".rstrip("/")
+
+
+def check_overrides(extra: list[str]) -> list[str]:
+  """The --config.KEY=VALUE arguments passed through to bertjax.main."""
+  for arg in extra:
+    if not arg.startswith("--config."):
+      raise LaunchError(f"unrecognized argument {arg!r}; only --config.KEY=VALUE overrides "
+                        "pass through to bertjax (with `run`).")
+    if "=" not in arg:
+      raise LaunchError(f"{arg}: write overrides as --config.KEY=VALUE (one argument).")
+  return extra
+
+
+# ----------------------------------------------------------------------------------------------
+# Commands. Each function returns the argv lists to run, in order.
+
+
+def _tpu_vm(verb: str, args: argparse.Namespace) -> list[str]:
+  return ["gcloud", "compute", "tpus", "tpu-vm", verb, args.name,
+          f"--project={args.project}", f"--zone={args.zone}"]
+
+
+def shell_line(steps: list[str]) -> str:
+  """Shell steps as one line that stops at the first failing step (`set -e`); a step ending in
+  `&` (started in the background) is followed by a space, as `&;` is a syntax error."""
+  line = "set -e"
+  for step in steps:
+    line += (" " if line.endswith("&") else "; ") + step
+  return line
+
+
+def _ssh_all(args: argparse.Namespace, steps: list[str]) -> list[str]:
+  """One ssh running the shell `steps` on every worker of the TPU VM."""
+  return _tpu_vm("ssh", args) + ["--worker=all", f"--command={shell_line(steps)}"]
+
+
+def create_commands(args: argparse.Namespace) -> list[list[str]]:
+  version = args.version or runtime_version(args.accelerator_type)
+  cmd = _tpu_vm("create", args) + [f"--accelerator-type={args.accelerator_type}",
+                                   f"--version={version}"]
+  if args.spot:
+    cmd.append("--spot")
+  return [cmd]
+
+
+def _not_running_step() -> str:
+  """Stops the script on a worker where a run started by `run` is still going on."""
+  return (f'if [ -f {REMOTE_PID} ] && kill -0 "$(cat {REMOTE_PID})" 2>/dev/null; then '
+          'echo "bertjax: a run is going on on $(hostname) '
+          f'(pid $(cat {REMOTE_PID})); stop it first (tpu.py stop)" >&2; exit 1; fi')
+
+
+def _python_steps() -> list[str]:
+  """Python >= 3.11 (jax's minimum) and git: the image's python3 if new enough (Ubuntu 24.04
+  images), else Ubuntu 22.04's python3.11 package."""
+  apt = "sudo DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 -qq"
+  return [
+      "if python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))'; "
+      "then PY=python3; else PY=python3.11; fi",
+      f"{apt} update",
+      f'{apt} install -y git "$PY" "$PY-venv"',
+  ]
+
+
+def setup_commands(args: argparse.Namespace) -> list[list[str]]:
+  jax_version = pinned_jax_version()
+  commands = []
+  if args.repo:
+    fetch = [f"rm -rf {REMOTE_REPO}",
+             f"git clone --quiet {shlex.quote(args.repo)} {REMOTE_REPO}"]
+    if args.ref:
+      fetch.append(f"git -C {REMOTE_REPO} checkout --quiet {shlex.quote(args.ref)}")
+  else:
+    if args.ref:
+      raise LaunchError("--ref needs --repo (without --repo, this working tree is copied).")
+    tarball = os.path.join(tempfile.gettempdir(), f"bertjax-{args.name}.tar.gz")
+    commands.append(["tar", "-czf", tarball, *[f"--exclude={p}" for p in TAR_EXCLUDES],
+                     "-C", REPO_ROOT, "."])
+    commands.append(["gcloud", "compute", "tpus", "tpu-vm", "scp", tarball,
+                     f"{args.name}:{REMOTE_TARBALL}", f"--project={args.project}",
+                     f"--zone={args.zone}", "--worker=all"])
+    fetch = [f"rm -rf {REMOTE_REPO}", f"mkdir -p {REMOTE_REPO}",
+             f"tar -xzf $HOME/{REMOTE_TARBALL} -C {REMOTE_REPO}",
+             f"rm $HOME/{REMOTE_TARBALL}"]
+  pip = f"{REMOTE_VENV}/bin/pip"
+  install = [
+      f'"$PY" -m venv {REMOTE_VENV}',
+      f"{pip} install -q --upgrade pip",
+      f"{pip} install -q -e {REMOTE_REPO} " + shlex.quote(f"jax[tpu]=={jax_version}"),
+      'echo "bertjax: set up on $(hostname)"',
+  ]
+  commands.append(_ssh_all(args, [_not_running_step(), *_python_steps(), *fetch, *install]))
+  return commands
+
+
+def _mount_steps(bucket: str) -> list[str]:
+  """Mounts gs://BUCKET at /mnt/BUCKET (once) with gcsfuse, which the worker must have.
+  --rename-dir-limit lets orbax rename a finished checkpoint's temporary directory."""
+  mount = f"{MOUNT_ROOT}/{bucket}"
+  return [
+      f"command -v gcsfuse >/dev/null || {{ {GCSFUSE_MISSING}; }}",
+      f"if ! mountpoint -q {mount}; then sudo mkdir -p {mount}; "
+      f'sudo chown "$(id -u):$(id -g)" {mount}; '
+      f"gcsfuse --implicit-dirs --rename-dir-limit=200000 {bucket} {mount}; fi",
+  ]
+
+
+def _coordinator_steps() -> list[str]:
+  """On a slice of more than one host, JAX_COORDINATOR_ADDRESS=<worker 0>:PORT, from the
+  metadata server's worker-network-endpoints ("h0,h1,..." or "name:id:ip,...")."""
+  return [
+      f"eps=$(curl -sf -H Metadata-Flavor:Google {METADATA_URL}worker-network-endpoints "
+      "|| true)",
+      'case "$eps" in *,*) w0=${eps%%,*}; '
+      f'export JAX_COORDINATOR_ADDRESS="${{w0##*:}}:{COORDINATOR_PORT}";; esac',
+  ]
+
+
+def run_commands(args: argparse.Namespace) -> list[list[str]]:
+  overrides = check_overrides(args.overrides)
+  bucket = bucket_name(args.bucket) if args.bucket else None
+  workdir = resolve_workdir(args.workdir, bucket)
+  main = shlex.join(["python", "-m", "bertjax.main", f"--config={args.config}",
+                     f"--workdir={workdir}", *overrides])
+  script = [
+      _not_running_step(),
+      *(_mount_steps(bucket) if bucket else []),
+      *_coordinator_steps(),
+      f"cd {REMOTE_REPO}",
+      f". {REMOTE_VENV}/bin/activate",
+      f"setsid nohup {main} > {REMOTE_LOG} 2>&1 < /dev/null &",
+      f"echo $! > {REMOTE_PID}",
+      f'echo "bertjax: started on $(hostname) (pid $!); log: {REMOTE_LOG}"',
+  ]
+  return [_ssh_all(args, script)]
+
+
+def logs_commands(args: argparse.Namespace) -> list[list[str]]:
+  tail = f"tail -n {args.lines}{' -F' if args.follow else ''} {REMOTE_LOG}"
+  return [_tpu_vm("ssh", args) + [f"--worker={args.worker}", f"--command={tail}"]]
+
+
+def stop_commands(args: argparse.Namespace) -> list[list[str]]:
+  script = [
+      f'if [ -f {REMOTE_PID} ] && kill -TERM "$(cat {REMOTE_PID})" 2>/dev/null; '
+      'then echo "bertjax: SIGTERM sent on $(hostname); it saves a checkpoint and exits"; '
+      'else echo "bertjax: no run going on on $(hostname)"; fi',
+  ]
+  return [_ssh_all(args, script)]
+
+
+def delete_commands(args: argparse.Namespace) -> list[list[str]]:
+  return [_tpu_vm("delete", args) + (["--quiet"] if args.yes else [])]
+
+
+COMMANDS = {"create": create_commands, "setup": setup_commands, "run": run_commands,
+            "logs": logs_commands, "stop": stop_commands, "delete": delete_commands}
+
+
+# ----------------------------------------------------------------------------------------------
+# Flags and execution.
+
+
+def build_parser() -> argparse.ArgumentParser:
+  common = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+  common.add_argument("--project", default=os.environ.get("CLOUDSDK_CORE_PROJECT"),
+                      help="Google Cloud project (default: $CLOUDSDK_CORE_PROJECT)")
+  common.add_argument("--zone", default=os.environ.get("CLOUDSDK_COMPUTE_ZONE"),
+                      help="zone of the TPU, e.g. us-central2-b (default: $CLOUDSDK_COMPUTE_ZONE)")
+  common.add_argument("--name", default=os.environ.get("TPU_NAME"),
+                      help="name of the TPU VM (default: $TPU_NAME)")
+  common.add_argument("--dry-run", action="store_true",
+                      help="print the commands, one a line, and run nothing")
+
+  parser = argparse.ArgumentParser(
+      prog=PROG, allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
+      description=__doc__.split("\n\n")[0], epilog="See launch/README.md for the whole flow.")
+  sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+  p = sub.add_parser("create", parents=[common], allow_abbrev=False,
+                     help="create a TPU VM or pod slice")
+  p.add_argument("--accelerator-type", required=True,
+                 help="e.g. v4-8 (one host), v4-32 (4 hosts), v5litepod-16, v5p-8, v6e-8")
+  p.add_argument("--version", default=None,
+                 help="TPU software version (default: by generation, "
+                      + ", ".join(f"{g}: {v}" for g, v in RUNTIME_VERSIONS.items()) + ")")
+  p.add_argument("--spot", action="store_true", help="a Spot TPU (cheaper, preemptible)")
+
+  p = sub.add_parser("setup", parents=[common], allow_abbrev=False,
+                     help="install bertjax and jax[tpu] on all workers")
+  p.add_argument("--repo", default=None,
+                 help="git URL to clone on the workers (default: copy this working tree)")
+  p.add_argument("--ref", default=None, help="branch, tag or commit of --repo to check out")
+
+  p = sub.add_parser("run", parents=[common], allow_abbrev=False,
+                     help="start bertjax.main on all workers (extra --config.KEY=VALUE pass on)")
+  p.add_argument("--config", required=True, help="config file in the repo, e.g. configs/base.py")
+  p.add_argument("--workdir", required=True,
+                 help="workdir on the workers; with --bucket, a path inside the bucket")
+  p.add_argument("--bucket", default=None,
+                 help=f"Cloud Storage bucket mounted with gcsfuse at {MOUNT_ROOT}/BUCKET on "
+                      "every worker; the workdir goes there")
+
+  p = sub.add_parser("logs", parents=[common], allow_abbrev=False,
+                     help="show the end of a worker's log")
+  p.add_argument("--worker", default="0", help="which worker's log (default: 0)")
+  p.add_argument("--lines", type=int, default=50, help="lines to show (default: 50)")
+  p.add_argument("--follow", action="store_true", help="keep following it (Ctrl-C ends)")
+
+  sub.add_parser("stop", parents=[common], allow_abbrev=False,
+                 help="SIGTERM the run on all workers (it checkpoints and exits)")
+
+  p = sub.add_parser("delete", parents=[common], allow_abbrev=False, help="delete the TPU VM")
+  p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+  return parser
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+  parser = build_parser()
+  args, extra = parser.parse_known_args(argv)
+  if extra and args.command != "run":
+    parser.error(f"unrecognized arguments: {' '.join(extra)}")
+  args.overrides = extra
+  for flag, env in (("project", "CLOUDSDK_CORE_PROJECT"), ("zone", "CLOUDSDK_COMPUTE_ZONE"),
+                    ("name", "TPU_NAME")):
+    if not getattr(args, flag):
+      parser.error(f"--{flag} is required (or set ${env})")
+  return args
+
+
+def execute(commands: list[list[str]]) -> None:
+  """Runs the commands in order; LaunchError at the first that fails or cannot start."""
+  for program in dict.fromkeys(cmd[0] for cmd in commands):
+    if shutil.which(program) is None:
+      hint = (" Install the Google Cloud CLI (https://cloud.google.com/sdk/docs/install) and "
+              "run `gcloud auth login`." if program == "gcloud" else "")
+      raise LaunchError(f"{program} is not on PATH.{hint} --dry-run prints the commands "
+                        "without running them.")
+  for cmd in commands:
+    print(f"+ {shlex.join(cmd)}", file=sys.stderr, flush=True)
+    returncode = subprocess.run(cmd, check=False).returncode
+    if returncode != 0:
+      raise LaunchError(f"command failed (exit status {returncode}): {shlex.join(cmd)}",
+                        returncode)
+
+
+def main(argv: list[str] | None = None) -> int:
+  args = parse_args(sys.argv[1:] if argv is None else argv)
+  try:
+    commands = COMMANDS[args.command](args)
+    if args.dry_run:
+      for cmd in commands:
+        print(shlex.join(cmd))
+    else:
+      execute(commands)
+  except LaunchError as e:
+    print(f"{PROG}: error: {e}", file=sys.stderr)
+    return e.returncode
+  except KeyboardInterrupt:  # e.g. the end of `logs --follow`
+    return 130
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
