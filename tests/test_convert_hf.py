@@ -21,7 +21,7 @@ from safetensors.numpy import load_file, save_file
 
 from bertjax import checkpoint, model_files
 from bertjax.convert import __main__ as cli
-from bertjax.convert import hf
+from bertjax.convert import hf, hf_files
 from bertjax.errors import UserError
 from bertjax.models import bert, heads
 
@@ -45,8 +45,8 @@ def _save_hf(cls, directory, seed=0, **config_overrides):
 
 
 def _convert(directory):
-  config = hf.hf_config_to_bert_config(hf.load_hf_config(directory))
-  params, report = hf.from_hf(hf.load_hf_state_dict(directory), config)
+  config = hf_files.hf_config_to_bert_config(hf_files.load_hf_config(directory))
+  params, report = hf.from_hf(hf_files.load_hf_state_dict(directory), config)
   return params, config, report
 
 
@@ -115,20 +115,20 @@ def pretraining(tmp_path_factory):
 
 def test_config_both_ways(pretraining):
   _, directory = pretraining
-  config = hf.hf_config_to_bert_config(hf.load_hf_config(directory))
+  config = hf_files.hf_config_to_bert_config(hf_files.load_hf_config(directory))
   assert (config.vocab_size, config.hidden_size, config.num_layers, config.num_heads,
           config.intermediate_size, config.max_position_embeddings) == (VOCAB, 32, 2, 4, 37, 64)
   assert config.hidden_act == "gelu"
-  assert hf.hf_config_to_bert_config(hf.bert_config_to_hf_config(config)) == config
+  assert hf_files.hf_config_to_bert_config(hf_files.bert_config_to_hf_config(config)) == config
   # transformers reads what we write
-  hf_config = transformers.BertConfig(**hf.bert_config_to_hf_config(config))
+  hf_config = transformers.BertConfig(**hf_files.bert_config_to_hf_config(config))
   assert hf_config.num_hidden_layers == 2 and hf_config.hidden_act == "gelu"
 
 
 @pytest.mark.parametrize("act,ours", [("gelu", "gelu"), ("gelu_new", "gelu_tanh"),
                                       ("gelu_pytorch_tanh", "gelu_tanh")])
 def test_config_activations(act, ours):
-  assert hf.hf_config_to_bert_config(_hf_config(hidden_act=act).to_dict()).hidden_act == ours
+  assert hf_files.hf_config_to_bert_config(_hf_config(hidden_act=act).to_dict()).hidden_act == ours
 
 
 @pytest.mark.parametrize("change,named", [
@@ -140,7 +140,7 @@ def test_config_activations(act, ours):
 ])
 def test_config_errors(change, named):
   with pytest.raises(UserError, match=named):
-    hf.hf_config_to_bert_config({**_hf_config().to_dict(), **change})
+    hf_files.hf_config_to_bert_config({**_hf_config().to_dict(), **change})
 
 
 # --- parity -------------------------------------------------------------------------------------
@@ -239,11 +239,11 @@ def _task_logits(cls, num_labels, params, config, model, batch):
 def test_task_model_parity(tmp_path, hf_cls, num_labels, cls, head):
   """Each Hugging Face task class converts whole (encoder and head); the logits agree."""
   model, directory = _save_hf(hf_cls, tmp_path, seed=4, num_labels=num_labels)
-  hf_config = hf.load_hf_config(directory)
-  task, labels = hf.hf_task(hf_config)
+  hf_config = hf_files.load_hf_config(directory)
+  task, labels = hf_files.hf_task(hf_config)
   assert (task, labels) == (hf_cls.__name__, num_labels)
-  config = hf.hf_config_to_bert_config(hf_config)
-  params, report = hf.from_hf(hf.load_hf_state_dict(directory), config, task, labels)
+  config = hf_files.hf_config_to_bert_config(hf_config)
+  params, report = hf.from_hf(hf_files.load_hf_state_dict(directory), config, task, labels)
   assert report.task == task and set(params) == {"bert", head}
   assert sorted(_flat(params[head])) == ["classifier/bias", "classifier/kernel"]
   has_pooler = head in ("sequence_classification", "multiple_choice")
@@ -266,7 +266,7 @@ def test_task_model_round_trips_through_the_cli(tmp_path, hf_cls, num_labels, cl
   assert cli.main(["--from=hf", f"--src={directory}", f"--dst={tmp_path / 'out'}"]) == 0
   assert f"with the task head of {hf_cls.__name__}" in capsys.readouterr().out
   assert cli.main(["--to=hf", f"--src={tmp_path / 'out'}", f"--dst={tmp_path / 'back'}"]) == 0
-  state, back = hf.load_hf_state_dict(directory), hf.load_hf_state_dict(str(tmp_path / "back"))
+  state, back = hf_files.load_hf_state_dict(directory), hf_files.load_hf_state_dict(str(tmp_path / "back"))
   assert sorted(back) == sorted(state)
   for name in state:
     np.testing.assert_array_equal(back[name], state[name], err_msg=name)
@@ -284,22 +284,22 @@ def test_task_model_round_trips_through_the_cli(tmp_path, hf_cls, num_labels, cl
 def test_task_head_needs_the_architecture(tmp_path):
   """classifier.* is one of three heads: without `architectures` it is named, not guessed."""
   _, directory = _save_hf(transformers.BertForSequenceClassification, tmp_path, num_labels=3)
-  hf_config = hf.load_hf_config(directory)
-  config = hf.hf_config_to_bert_config(hf_config)
+  hf_config = hf_files.load_hf_config(directory)
+  config = hf_files.hf_config_to_bert_config(hf_config)
   with pytest.raises(UserError, match=r"classifier\.weight \(3, 32\) belongs to a task head, "
                      "but config.json's architectures does not name one"):
-    hf.from_hf(hf.load_hf_state_dict(directory), config)
-  assert hf.hf_task({**hf_config, "architectures": None}) == (None, 3)
+    hf.from_hf(hf_files.load_hf_state_dict(directory), config)
+  assert hf_files.hf_task({**hf_config, "architectures": None}) == (None, 3)
   with pytest.raises(UserError, match=r"classifier\.weight \(3, 32\) -> "
                      r"sequence_classification/classifier/kernel \(32, 3\) \(transpose\), the "
                      r"model expects \(32, 4\)"):
-    hf.from_hf(hf.load_hf_state_dict(directory), config, "BertForSequenceClassification", 4)
+    hf.from_hf(hf_files.load_hf_state_dict(directory), config, "BertForSequenceClassification", 4)
 
 
 def test_old_names_tied_decoder_and_buffers(pretraining):
   """LayerNorm.gamma/beta, a stored (tied) decoder and the position_ids buffer convert."""
   _, directory = pretraining
-  state = hf.load_hf_state_dict(directory)
+  state = hf_files.load_hf_state_dict(directory)
   expected, config, _ = _convert(directory)
   old = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias",
                                                                    "LayerNorm.beta"): v
@@ -322,8 +322,8 @@ def test_pytorch_bin_loads_like_safetensors(tmp_path, pretraining):
   model, directory = pretraining
   torch.save(model.state_dict(), tmp_path / "pytorch_model.bin")
   (tmp_path / "config.json").write_text(open(os.path.join(directory, "config.json")).read())
-  ours = hf.load_hf_state_dict(str(tmp_path))
-  safe = hf.load_hf_state_dict(directory)
+  ours = hf_files.load_hf_state_dict(str(tmp_path))
+  safe = hf_files.load_hf_state_dict(directory)
   assert set(safe) <= set(ours)  # the bin also holds the tied decoder
   for name in safe:
     np.testing.assert_array_equal(ours[name], safe[name])
@@ -344,7 +344,7 @@ def test_malicious_pickle_is_refused_and_runs_nothing(tmp_path):
   torch.save({"bert.embeddings.word_embeddings.weight": _Payload(marker)},
              tmp_path / "hf" / "pytorch_model.bin")
   with pytest.raises(UserError, match="pytorch_model.bin could not be read as plain weights"):
-    hf.load_hf_state_dict(str(tmp_path / "hf"))
+    hf_files.load_hf_state_dict(str(tmp_path / "hf"))
   assert not marker.exists()
   # Control: the file is live; an unsafe load of it runs the payload.
   torch.load(tmp_path / "hf" / "pytorch_model.bin", weights_only=False)
@@ -353,7 +353,7 @@ def test_malicious_pickle_is_refused_and_runs_nothing(tmp_path):
 
 def test_sharded_safetensors_load_whole(tmp_path, pretraining):
   _, directory = pretraining
-  state = hf.load_hf_state_dict(directory)
+  state = hf_files.load_hf_state_dict(directory)
   names = sorted(state)
   shards = {"model-00001-of-00002.safetensors": names[::2],
             "model-00002-of-00002.safetensors": names[1::2]}
@@ -361,7 +361,7 @@ def test_sharded_safetensors_load_whole(tmp_path, pretraining):
     save_file({n: state[n] for n in shard_names}, str(tmp_path / shard))
   index = {"weight_map": {n: shard for shard, ns in shards.items() for n in ns}}
   (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
-  loaded = hf.load_hf_state_dict(str(tmp_path))
+  loaded = hf_files.load_hf_state_dict(str(tmp_path))
   assert sorted(loaded) == names
   for name in names:
     np.testing.assert_array_equal(loaded[name], state[name])
@@ -369,14 +369,14 @@ def test_sharded_safetensors_load_whole(tmp_path, pretraining):
 
 def test_no_weights_is_a_user_error(tmp_path):
   with pytest.raises(UserError, match="no model.safetensors or pytorch_model.bin"):
-    hf.load_hf_state_dict(str(tmp_path))
+    hf_files.load_hf_state_dict(str(tmp_path))
 
 
 # --- round trips --------------------------------------------------------------------------------
 
 def test_round_trip_hf_bertjax_hf(pretraining):
   _, directory = pretraining
-  state = hf.load_hf_state_dict(directory)
+  state = hf_files.load_hf_state_dict(directory)
   params, config, _ = _convert(directory)
   back = hf.to_hf(params, config)
   assert sorted(back) == sorted(state)
@@ -415,8 +415,8 @@ def test_every_bertjax_parameter_has_a_rule():
 @pytest.fixture(scope="module")
 def state_and_config(pretraining):
   _, directory = pretraining
-  return (hf.load_hf_state_dict(directory),
-          hf.hf_config_to_bert_config(hf.load_hf_config(directory)))
+  return (hf_files.load_hf_state_dict(directory),
+          hf_files.hf_config_to_bert_config(hf_files.load_hf_config(directory)))
 
 
 def test_unmapped_tensor_is_named(state_and_config):
@@ -498,8 +498,8 @@ def test_cli_from_hf_then_load_params_then_to_hf(tmp_path, pretraining, capsys):
   assert "converted 46 parameters" in capsys.readouterr().out
   assert (out / "vocab.txt").read_text() == vocab
   config = model_files.load_bert_config(str(out))
-  assert config == hf.hf_config_to_bert_config(hf.load_hf_config(directory))
-  converted, _ = hf.from_hf(hf.load_hf_state_dict(directory), config)
+  assert config == hf_files.hf_config_to_bert_config(hf_files.load_hf_config(directory))
+  converted, _ = hf.from_hf(hf_files.load_hf_state_dict(directory), config)
   loaded, report = checkpoint.load_params(str(out), jax.tree.map(jnp.asarray,
                                                                  _fresh_params(config)))
   assert report.missing == [] and report.unused == []

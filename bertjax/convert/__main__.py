@@ -26,7 +26,7 @@ import shutil
 import sys
 
 from bertjax import model_files
-from bertjax.convert import hf
+from bertjax.convert import hf, hf_files
 from bertjax.convert import tf
 from bertjax.errors import UserError
 
@@ -46,10 +46,10 @@ def from_hf_dir(src: str, dst: str) -> hf.ConversionReport:
   """HF_DIR -> a bertjax checkpoint directory; returns the conversion report."""
   _check_src(src)
   _check_dst(dst)
-  hf_config = hf.load_hf_config(src)
-  config = hf.hf_config_to_bert_config(hf_config)
-  task, num_labels = hf.hf_task(hf_config)
-  params, report = hf.from_hf(hf.load_hf_state_dict(src), config, task, num_labels)
+  hf_config = hf_files.load_hf_config(src)
+  config = hf_files.hf_config_to_bert_config(hf_config)
+  task, num_labels = hf_files.hf_task(hf_config)
+  params, report = hf.from_hf(hf_files.load_hf_state_dict(src), config, task, num_labels)
   model_files.save_model_dir(dst, params, config, model_files.tokenizer_files(src))
   return report
 
@@ -72,7 +72,7 @@ def to_hf_dir(src: str, dst: str) -> str:
   task, num_labels = hf.params_task(params)
   os.makedirs(dst, exist_ok=True)
   with open(os.path.join(dst, "config.json"), "w", encoding="utf-8") as f:
-    json.dump(hf.bert_config_to_hf_config(config, [architecture],
+    json.dump(hf_files.bert_config_to_hf_config(config, [architecture],
                                           num_labels if task and hf.TASK_HEADS[task].labelled
                                           else None), f, indent=2)
     f.write("\n")
