@@ -238,12 +238,12 @@ def from_hf(state_dict: dict[str, np.ndarray], config: BertConfig, task: str | N
   """Converts Hugging Face BERT weights to bertjax parameters.
 
   Args:
-    state_dict: {Hugging Face name: array}, e.g. from `hf_files.load_hf_state_dict`; names of BertModel
-      (prefix-less or 'bert.'), BertForPreTraining, BertForMaskedLM, or a task model.
+    state_dict: {Hugging Face name: array}, e.g. from `hf_files.load_hf_state_dict`; names of
+      BertModel (prefix-less or 'bert.'), BertForPreTraining, BertForMaskedLM, or a task model.
       Old names 'LayerNorm.gamma' / 'LayerNorm.beta' are read as 'weight' / 'bias'.
     config: the model's BertConfig (`hf_files.hf_config_to_bert_config`).
-    task: for a task model, its architecture (a key of TASK_HEADS; `hf_files.hf_task` reads it from
-      config.json), whose head is converted too; None for the others.
+    task: for a task model, its architecture (a key of TASK_HEADS; `hf_files.hf_task` reads it
+      from config.json), whose head is converted too; None for the others.
     num_labels: the task head's number of labels (`hf_files.hf_task`).
   Returns:
     (params: nested dict of float32 numpy arrays in the layout of BertForPreTraining's "params"
