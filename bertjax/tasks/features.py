@@ -28,6 +28,7 @@ import ml_collections
 import numpy as np
 
 from bertjax import checkpoint, model_files, tokenization
+from bertjax.data.glue import truncated_lengths
 from bertjax.errors import UserError
 from bertjax.models import bert, heads
 
@@ -66,8 +67,8 @@ def encode(tok: tokenization.Tokenizer, text_a: str, text_b: str | None,
   if b is None:
     a = a[:max_seq_length - 2]
     return [tok.cls_id] + a + [tok.sep_id], [0] * (len(a) + 2)
-  while len(a) + len(b) > max_seq_length - 3:
-    (a if len(a) > len(b) else b).pop()
+  len_a, len_b = truncated_lengths(len(a), len(b), max_seq_length - 3)
+  a, b = a[:len_a], b[:len_b]
   ids = [tok.cls_id] + a + [tok.sep_id] + b + [tok.sep_id]
   return ids, [0] * (len(a) + 2) + [1] * (len(b) + 1)
 
