@@ -79,7 +79,6 @@ import numpy as np  # pylint: disable=wrong-import-position
 from bertjax.errors import UserError  # pylint: disable=wrong-import-position
 from bertjax.models import bert  # pylint: disable=wrong-import-position
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEERS = ("bertjax", "torch", "hf_flax")
 DTYPES = ("float32", "bfloat16")
 # Dense peak FLOP/s per device by (device-name substring, dtype); the first match wins. float32
@@ -200,8 +199,7 @@ def _time_steps(step: Callable[[], None], steps: int, warmup: int,
 def _bertjax_config(size: str, batch_size: int, seq_len: int, max_predictions: int,
                     dtype: str, steps: int, warmup: int):
   """configs/tiny.py with the benchmark's shapes, the paper's dropout and a flat learning rate."""
-  sys.path.insert(0, os.path.join(ROOT, "configs"))
-  import tiny  # pylint: disable=import-outside-toplevel
+  from bertjax.configs import tiny  # pylint: disable=import-outside-toplevel
   config = tiny.get_config()
   config.model.size = size
   config.model.dtype = dtype

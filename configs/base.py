@@ -10,11 +10,7 @@ paper reports MNLI-m 84.6 for BERT-base after fine-tuning (about 4 days on 16 Cl
 On a CPU, one step at a reduced batch:
   --config.train.batch_size=2 --config.train.warmup_steps=0 --config.train.num_train_steps=1
 """
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # sibling configs, from any cwd
-import tiny  # noqa: E402
+from bertjax.configs import tiny
 
 
 def get_config(arg=None):

@@ -6,11 +6,7 @@
 As configs/base.py (batch 256, lr 1e-4, 1M steps, seq 128 then 512) with the large encoder. The
 paper reports MNLI-m 86.7 after fine-tuning. FSDP over 8 chips: --config.mesh.fsdp=8.
 """
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # sibling configs, from any cwd
-import base  # noqa: E402
+from bertjax.configs import base
 
 
 def get_config(arg=None):

@@ -15,8 +15,7 @@ dev from BERT-base (uncased) with these settings but batch 12 (the paper: f1 88.
 eval_results.json (the official scripts' scores) and run_squad's predictions.json,
 nbest_predictions.json and, for v2.0, null_odds.json.
 """
-import ml_collections
-
+from bertjax.configs import finetuning
 from bertjax.errors import UserError
 
 
@@ -25,17 +24,8 @@ def get_config(arg=None):
   if arg not in (None, "", "v1.1", "v2.0"):
     raise UserError(f"configs/squad.py takes v1.1 or v2.0 (configs/squad.py:v2.0), not {arg!r}.")
   version_2 = arg == "v2.0"
-  config = ml_collections.ConfigDict()
+  config = finetuning.get_config()
   config.task = "squad"  # a name in bertjax.tasks.REGISTRY
-  config.seed = 0  # span head init, dropout and data order
-  config.init_checkpoint = ""  # the pretrained model (required), with bert_config.json + vocab
-
-  config.model = ml_collections.ConfigDict()
-  config.model.dtype = "float32"  # compute dtype: float32 or bfloat16 (params stay float32)
-  config.model.dropout_rate = 0.1  # embeddings and residual branches
-  config.model.attention_dropout_rate = 0.1  # attention probabilities
-
-  config.data = ml_collections.ConfigDict()
   config.data.train_file = ""  # SQuAD JSON to train on, e.g. train-v1.1.json (required)
   config.data.predict_file = ""  # SQuAD JSON scored at each evaluation, e.g. dev-v1.1.json
   config.data.version_2_with_negative = version_2  # SQuAD 2.0: questions may have no answer
@@ -45,31 +35,8 @@ def get_config(arg=None):
   config.data.n_best_size = 20  # best starts/ends per window; answers in nbest_predictions.json
   config.data.max_answer_length = 30  # longest answer, in tokens
   config.data.null_score_diff_threshold = 0.0  # v2.0: answer "" when null - best span > this
-
-  config.train = ml_collections.ConfigDict()
-  config.train.batch_size = 32  # global batch (all devices, all hosts)
-  config.train.eval_batch_size = 64  # global batch for evaluation
   config.train.num_train_epochs = 2.0  # steps = examples / batch_size * epochs (as run_squad)
-  config.train.num_train_steps = -1  # set from the epochs and the training file's size
-  config.train.warmup_proportion = 0.1  # share of the steps with linear warmup
-  config.train.warmup_steps = -1  # set from warmup_proportion
-  config.train.stop_after_steps = -1  # stop (with a checkpoint) here; rerun to go on (-1: the end)
-  config.train.learning_rate = 5e-5 if version_2 else 3e-5  # peak, then linear decay to 0
-  config.train.weight_decay = 0.01  # AdamW decay, off LayerNorm and biases
-  config.train.b1 = 0.9
-  config.train.b2 = 0.999
-  config.train.eps = 1e-6
-  config.train.clip_norm = 1.0  # clip gradients by global norm
-  config.train.grad_accum_steps = 1  # micro-batches per update (batch_size is split into them)
-  config.train.log_every_steps = 50  # metrics.jsonl, TensorBoard and the progress bar
-  config.train.eval_every_steps = -1  # dev evaluation (-1 = every epoch; always at the end)
-  config.train.eval_steps = -1  # eval batches per evaluation (-1 = all; questions whose windows
-  # were not all predicted are left out of the scores)
-  config.train.checkpoint_every_steps = -1  # (-1 = every epoch; always at the end / on SIGTERM)
-  config.train.keep_checkpoints = 1  # most recent checkpoints kept
-
-  config.mesh = ml_collections.ConfigDict()
-  config.mesh.data = -1  # data-parallel ways (-1 = all devices not used by fsdp/tensor)
-  config.mesh.fsdp = 1  # parameter-sharded data parallelism
-  config.mesh.tensor = 1  # tensor (model) parallelism
+  config.train.learning_rate = 5e-5 if version_2 else 3e-5  # run_squad's (v2.0: 5e-5)
+  # train.eval_steps > 0: questions whose windows were not all predicted are left out of the
+  # scores.
   return config

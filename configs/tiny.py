@@ -6,6 +6,9 @@ Trains a sentencepiece vocabulary on the corpus (reused on later runs), builds M
 examples, pretrains for a few minutes on 2 CPU cores, evaluates on held-out chapters and
 checkpoints. Held-out MLM accuracy ends far above the frequency baseline (predicting the most
 common token) and NSP accuracy above 50%; the README gives the figures measured.
+
+It is also the pretraining default, every field commented: base.py (and large.py) are this plus
+the paper's values.
 """
 import ml_collections
 
@@ -57,9 +60,9 @@ def get_config(arg=None):
   config.train.warmup_steps = 200  # linear warmup, then linear decay to 0
   config.train.learning_rate = 2e-3  # peak; a tiny model takes a far larger rate than base
   config.train.weight_decay = 0.01  # AdamW decay, off LayerNorm and biases
-  config.train.b1 = 0.9
-  config.train.b2 = 0.999
-  config.train.eps = 1e-6
+  config.train.b1 = 0.9  # AdamW: decay of the first moment (the gradients' moving average)
+  config.train.b2 = 0.999  # AdamW: decay of the second moment (the squared gradients')
+  config.train.eps = 1e-6  # AdamW: added to the second moment's root (BERT's; optax's is 1e-8)
   config.train.clip_norm = 1.0  # clip gradients by global norm
   config.train.grad_accum_steps = 1  # micro-batches per update (batch_size is split into them)
   config.train.log_every_steps = 100  # metrics.jsonl, TensorBoard and the progress bar

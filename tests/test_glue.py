@@ -81,8 +81,7 @@ def glue_dir(tmp_path_factory):
 
 
 def _config(task, model_dir, glue_dir, **train):
-  sys.path.insert(0, os.path.join(ROOT, "configs"))
-  import glue as glue_config  # pylint: disable=import-outside-toplevel
+  from bertjax.configs import glue as glue_config  # pylint: disable=import-outside-toplevel
   config = glue_config.get_config()
   config.task = task
   config.init_checkpoint = model_dir

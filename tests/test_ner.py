@@ -83,8 +83,7 @@ def conll_dir(tmp_path_factory):
 
 
 def _config(model_dir, data_dir, **train):
-  sys.path.insert(0, os.path.join(ROOT, "configs"))
-  import ner as ner_config  # pylint: disable=import-outside-toplevel
+  from bertjax.configs import ner as ner_config  # pylint: disable=import-outside-toplevel
   config = ner_config.get_config()
   config.init_checkpoint = model_dir
   config.data.data_dir = str(data_dir)

@@ -311,8 +311,7 @@ def test_split_documents_holds_out_a_seeded_fraction():
 
 
 def test_check_config_names_the_field():
-  sys.path.insert(0, os.path.join(ROOT, "configs"))
-  import tiny  # pylint: disable=import-outside-toplevel
+  from bertjax.configs import tiny  # pylint: disable=import-outside-toplevel
   config = tiny.get_config()
   config.data.input_files = "a.txt"
   config.data.tfds_name = "wikipedia"
@@ -328,8 +327,7 @@ def test_sequence_length_phases_and_their_position(corpus, tmp_path):
   """Batches switch from data.max_seq_length to data.long_seq_length at long_seq_from_step, and
   a position taken in either phase resumes the same batches."""
   text_file, vocab = corpus
-  sys.path.insert(0, os.path.join(ROOT, "configs"))
-  import tiny  # pylint: disable=import-outside-toplevel
+  from bertjax.configs import tiny  # pylint: disable=import-outside-toplevel
   config = tiny.get_config()
   config.data.update(input_files=text_file, vocab_model=vocab, max_seq_length=32,
                      max_predictions_per_seq=5, long_seq_length=64,

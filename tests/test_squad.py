@@ -397,8 +397,7 @@ def _write_squad(path, rng, n, impossible_share):
 
 
 def _config(model_dir, train_file, predict_file, version="v1.1"):
-  sys.path.insert(0, os.path.join(ROOT, "configs"))
-  import squad as squad_config  # pylint: disable=import-outside-toplevel
+  from bertjax.configs import squad as squad_config  # pylint: disable=import-outside-toplevel
   config = squad_config.get_config(version)
   config.init_checkpoint = model_dir
   config.data.update(train_file=train_file, predict_file=predict_file, max_seq_length=48,
@@ -481,8 +480,7 @@ def test_bad_configs_are_named(model_dir, tmp_path):
   with pytest.raises(UserError, match="must exceed data.max_query_length"):
     squad.run(short, str(tmp_path / "e"))
   assert not any((tmp_path / d).exists() for d in "abcde")
-  sys.path.insert(0, os.path.join(ROOT, "configs"))
-  import squad as squad_config  # pylint: disable=import-outside-toplevel
+  from bertjax.configs import squad as squad_config  # pylint: disable=import-outside-toplevel
   assert squad_config.get_config("v2.0").train.learning_rate == 5e-5
   assert squad_config.get_config("v2.0").data.version_2_with_negative
   assert squad_config.get_config().train.learning_rate == 3e-5

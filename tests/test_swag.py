@@ -85,9 +85,7 @@ def swag_dir(tmp_path_factory):
 
 
 def _config(model_dir, swag_dir, **train):
-  sys.path.insert(0, os.path.join(ROOT, "configs"))
-  import swag as swag_config  # pylint: disable=import-outside-toplevel
-  sys.path.pop(0)
+  from bertjax.configs import swag as swag_config  # pylint: disable=import-outside-toplevel
   config = swag_config.get_config()
   config.init_checkpoint = model_dir
   config.data.train_file = str(swag_dir / "train.csv")

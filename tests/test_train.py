@@ -25,8 +25,7 @@ SPECIAL = pe.SpecialTokens(pad=0, cls=2, sep=3, mask=4, vocab_size=64,
 
 def _config(**train_overrides):
   """configs/tiny.py with a 16-token sequence and a small batch."""
-  sys.path.insert(0, os.path.join(ROOT, "configs"))
-  import tiny  # pylint: disable=import-outside-toplevel
+  from bertjax.configs import tiny  # pylint: disable=import-outside-toplevel
   config = tiny.get_config()
   config.data.max_seq_length = 16
   config.data.max_predictions_per_seq = 4

@@ -265,8 +265,7 @@ def test_pretraining_runs_on_a_wordpiece_vocabulary(vocab_file, tmp_path):
   """data.vocab_model=vocab.txt: examples hold WordPiece ids with its specials; a step runs."""
   from bertjax import parallel, train  # pylint: disable=import-outside-toplevel
   from bertjax.tasks import pretraining  # pylint: disable=import-outside-toplevel
-  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs"))
-  import tiny  # pylint: disable=import-outside-toplevel
+  from bertjax.configs import tiny  # pylint: disable=import-outside-toplevel
   config = tiny.get_config()
   text = tmp_path / "text.txt"
   docs = sources.read_text_files(sources.BUNDLED_CORPUS)[:6]

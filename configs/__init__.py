@@ -1,0 +1,1 @@
+"""bertjax's configs: `--config=configs/NAME.py`, or `from bertjax.configs import NAME`."""

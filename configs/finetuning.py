@@ -1,0 +1,51 @@
+"""The fine-tuning default: the fields glue.py, ner.py, squad.py and swag.py share, each commented.
+
+Not run by itself (it names no task): each of those configs is this plus its task, its data
+fields and the few values its recipe changes. The values are the paper's GLUE recipe (section
+4.1): batch 32, 3 epochs, learning rate 2e-5 with linear decay, warmup 10%, dropout 0.1, 128
+tokens, from a pretrained model (`--config.init_checkpoint`).
+"""
+import ml_collections
+
+
+def get_config(arg=None):
+  del arg
+  config = ml_collections.ConfigDict()
+  config.task = ""  # a name in bertjax.tasks.REGISTRY (each task's config sets it)
+  config.seed = 0  # head init, dropout and data order
+  config.init_checkpoint = ""  # the pretrained model (required), with bert_config.json + vocab
+
+  config.model = ml_collections.ConfigDict()
+  config.model.dtype = "float32"  # compute dtype: float32 or bfloat16 (params stay float32)
+  config.model.dropout_rate = 0.1  # embeddings, residual branches and the task's head
+  config.model.attention_dropout_rate = 0.1  # attention probabilities
+
+  config.data = ml_collections.ConfigDict()  # each task's config adds its files and fields
+  config.data.max_seq_length = 128  # tokens per sequence with [CLS]/[SEP]; longer input is cut
+
+  config.train = ml_collections.ConfigDict()
+  config.train.batch_size = 32  # global batch of examples (all devices, all hosts)
+  config.train.eval_batch_size = 64  # global batch for evaluation and prediction
+  config.train.num_train_epochs = 3.0  # passes over the training data
+  config.train.num_train_steps = -1  # set from the epochs and the training data's size
+  config.train.warmup_proportion = 0.1  # share of the steps with linear warmup
+  config.train.warmup_steps = -1  # set from warmup_proportion
+  config.train.stop_after_steps = -1  # stop (with a checkpoint) here; rerun to go on (-1: the end)
+  config.train.learning_rate = 2e-5  # peak, then linear decay to 0
+  config.train.weight_decay = 0.01  # AdamW decay, off LayerNorm and biases
+  config.train.b1 = 0.9  # AdamW: decay of the first moment (the gradients' moving average)
+  config.train.b2 = 0.999  # AdamW: decay of the second moment (the squared gradients')
+  config.train.eps = 1e-6  # AdamW: added to the second moment's root (BERT's; optax's is 1e-8)
+  config.train.clip_norm = 1.0  # clip gradients by global norm
+  config.train.grad_accum_steps = 1  # micro-batches per update (batch_size is split into them)
+  config.train.log_every_steps = 50  # metrics.jsonl, TensorBoard and the progress bar
+  config.train.eval_every_steps = -1  # dev evaluation (-1 = every epoch; always at the end)
+  config.train.eval_steps = -1  # eval batches per evaluation (-1 = the whole dev data)
+  config.train.checkpoint_every_steps = -1  # (-1 = every epoch; always at the end / on SIGTERM)
+  config.train.keep_checkpoints = 1  # most recent checkpoints kept
+
+  config.mesh = ml_collections.ConfigDict()
+  config.mesh.data = -1  # data-parallel ways (-1 = all devices not used by fsdp/tensor)
+  config.mesh.fsdp = 1  # parameter-sharded data parallelism
+  config.mesh.tensor = 1  # tensor (model) parallelism
+  return config
