@@ -2,17 +2,32 @@
 """Cloud TPU VMs for bertjax: create, set up on every worker, run, read logs, stop, delete.
 
   python launch/tpu.py create --name=bert --zone=us-central2-b --project=P --accelerator-type=v4-8
+  python launch/tpu.py queue  --name=bert --zone=us-central2-b --project=P \\
+      --accelerator-type=v4-32 [--spot | --reserved] [--valid-until-duration=6h]  # or wait for it
+  python launch/tpu.py queue-status --name=bert --zone=us-central2-b --project=P
   python launch/tpu.py setup  --name=bert --zone=us-central2-b --project=P [--repo=URL --ref=REF]
   python launch/tpu.py run    --name=bert --zone=us-central2-b --project=P --bucket=B \\
       --config=configs/base.py --workdir=runs/bert_base --config.train.batch_size=256 ...
   python launch/tpu.py logs   --name=bert --zone=us-central2-b --project=P [--follow]
   python launch/tpu.py stop   --name=bert --zone=us-central2-b --project=P
   python launch/tpu.py delete --name=bert --zone=us-central2-b --project=P
+  python launch/tpu.py queue-delete --name=bert --zone=us-central2-b --project=P  # after `queue`
 
 Every subcommand takes --dry-run: it prints the commands it would run, one a line (shell-quoted,
 ready to paste), and runs nothing. Otherwise it runs them in order with the Google Cloud CLI
 (`gcloud`, which must be on PATH and logged in) and stops at the first that fails. --project,
 --zone and --name default to $CLOUDSDK_CORE_PROJECT, $CLOUDSDK_COMPUTE_ZONE and $TPU_NAME.
+
+Capacity: `create` makes the TPU VM now or fails (e.g. when the zone has no free v4-32).
+`queue` asks for it through a queued resource instead (`gcloud compute tpus queued-resources
+create QR --node-id=NAME ...`, QR being --queued-resource, by default the same as --name): the
+request waits in Cloud TPU's queue (WAITING_FOR_RESOURCES, then PROVISIONING) until the capacity
+is free, and then creates the TPU VM NAME (ACTIVE), with which setup, run, logs and stop work as
+after `create`. --spot asks for Spot capacity, --reserved for your project's reservation;
+--valid-until-duration=6h gives up if it is not provisioned by then. `queue-status` shows the
+request and its state (`queued-resources describe`); `queue-delete` deletes the request and,
+with it, its TPU VM (`queued-resources delete --force`): use it rather than `delete` for a TPU
+that `queue` made.
 
 What happens on the workers:
   setup  on every worker (`gcloud ... ssh --worker=all`), unless a run is going on there:
@@ -186,6 +201,19 @@ def _ssh_all(args: argparse.Namespace, steps: list[str]) -> list[str]:
   return _tpu_vm("ssh", args) + ["--worker=all", f"--command={shell_line(steps)}"]
 
 
+def _queued_resource(verb: str, args: argparse.Namespace) -> list[str]:
+  return ["gcloud", "compute", "tpus", "queued-resources", verb,
+          args.queued_resource or args.name, f"--project={args.project}", f"--zone={args.zone}"]
+
+
+def check_duration(duration: str) -> str:
+  """A gcloud duration such as 6h, 2d, 1h30m (or ISO 8601: P1DT6H)."""
+  if not re.fullmatch(r"([0-9]+[smhd])+|P[0-9.DWMYTHS]+", duration):
+    raise LaunchError(f"--valid-until-duration={duration} is not a duration; write it as "
+                      "e.g. 6h, 2d, 1h30m.")
+  return duration
+
+
 def create_commands(args: argparse.Namespace) -> list[list[str]]:
   version = args.version or runtime_version(args.accelerator_type)
   cmd = _tpu_vm("create", args) + [f"--accelerator-type={args.accelerator_type}",
@@ -193,6 +221,28 @@ def create_commands(args: argparse.Namespace) -> list[list[str]]:
   if args.spot:
     cmd.append("--spot")
   return [cmd]
+
+
+def queue_commands(args: argparse.Namespace) -> list[list[str]]:
+  version = args.version or runtime_version(args.accelerator_type)
+  cmd = _queued_resource("create", args) + [
+      f"--node-id={args.name}", f"--accelerator-type={args.accelerator_type}",
+      f"--runtime-version={version}"]
+  if args.spot:
+    cmd.append("--spot")
+  if args.reserved:
+    cmd.append("--reserved")
+  if args.valid_until_duration:
+    cmd.append(f"--valid-until-duration={check_duration(args.valid_until_duration)}")
+  return [cmd]
+
+
+def queue_status_commands(args: argparse.Namespace) -> list[list[str]]:
+  return [_queued_resource("describe", args)]
+
+
+def queue_delete_commands(args: argparse.Namespace) -> list[list[str]]:
+  return [_queued_resource("delete", args) + ["--force"] + (["--quiet"] if args.yes else [])]
 
 
 def _not_running_step() -> str:
@@ -306,7 +356,9 @@ def delete_commands(args: argparse.Namespace) -> list[list[str]]:
 
 
 COMMANDS = {"create": create_commands, "setup": setup_commands, "run": run_commands,
-            "logs": logs_commands, "stop": stop_commands, "delete": delete_commands}
+            "logs": logs_commands, "stop": stop_commands, "delete": delete_commands,
+            "queue": queue_commands, "queue-status": queue_status_commands,
+            "queue-delete": queue_delete_commands}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -329,14 +381,37 @@ def build_parser() -> argparse.ArgumentParser:
       description=__doc__.split("\n\n")[0], epilog="See launch/README.md for the whole flow.")
   sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-  p = sub.add_parser("create", parents=[common], allow_abbrev=False,
+  accelerator = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+  accelerator.add_argument(
+      "--accelerator-type", required=True,
+      help="e.g. v4-8 (one host), v4-32 (4 hosts), v5litepod-16, v5p-8, v6e-8")
+  accelerator.add_argument(
+      "--version", default=None,
+      help="TPU software version (default: by generation, "
+           + ", ".join(f"{g}: {v}" for g, v in RUNTIME_VERSIONS.items()) + ")")
+  queued = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+  queued.add_argument("--queued-resource", default=None,
+                      help="ID of the queued resource (default: --name)")
+
+  p = sub.add_parser("create", parents=[common, accelerator], allow_abbrev=False,
                      help="create a TPU VM or pod slice")
-  p.add_argument("--accelerator-type", required=True,
-                 help="e.g. v4-8 (one host), v4-32 (4 hosts), v5litepod-16, v5p-8, v6e-8")
-  p.add_argument("--version", default=None,
-                 help="TPU software version (default: by generation, "
-                      + ", ".join(f"{g}: {v}" for g, v in RUNTIME_VERSIONS.items()) + ")")
   p.add_argument("--spot", action="store_true", help="a Spot TPU (cheaper, preemptible)")
+
+  p = sub.add_parser("queue", parents=[common, accelerator, queued], allow_abbrev=False,
+                     help="ask for a TPU VM or pod slice through a queued resource")
+  kind = p.add_mutually_exclusive_group()
+  kind.add_argument("--spot", action="store_true", help="Spot capacity (cheaper, preemptible)")
+  kind.add_argument("--reserved", action="store_true",
+                    help="capacity from the project's reservation")
+  p.add_argument("--valid-until-duration", default=None,
+                 help="give up unless provisioned within this long, e.g. 6h, 2d")
+
+  sub.add_parser("queue-status", parents=[common, queued], allow_abbrev=False,
+                 help="show the queued resource and its state")
+
+  p = sub.add_parser("queue-delete", parents=[common, queued], allow_abbrev=False,
+                     help="delete the queued resource and its TPU VM")
+  p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
 
   p = sub.add_parser("setup", parents=[common], allow_abbrev=False,
                      help="install bertjax and jax[tpu] on all workers")
@@ -362,7 +437,8 @@ def build_parser() -> argparse.ArgumentParser:
   sub.add_parser("stop", parents=[common], allow_abbrev=False,
                  help="SIGTERM the run on all workers (it checkpoints and exits)")
 
-  p = sub.add_parser("delete", parents=[common], allow_abbrev=False, help="delete the TPU VM")
+  p = sub.add_parser("delete", parents=[common], allow_abbrev=False,
+                     help="delete the TPU VM (one that `queue` made: queue-delete)")
   p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
   return parser
 
