@@ -35,17 +35,10 @@ Timing: each step is timed alone, blocked to completion (`jax.block_until_ready`
 and metrics; `torch.cuda.synchronize()` on a GPU), after `--warmup` untimed steps (which include
 compilation); the step time reported is the median of `--steps` steps.
 
-Model FLOPs per step (`model_flops`), the same formula for every peer so the ratio is of useful
-work; it counts matmul weights only (biases, LayerNorm, softmax, GELU, embedding lookups and the
-optimizer are left out), 2 FLOPs per multiply-add, x3 for forward + backward:
-  6 * tokens * L * (4 H^2 + 2 H F)           q, k, v, output and feed-forward matmuls
-  + 12 * B * L * S^2 * H                     attention scores QK^T and probs x V
-  + 6 * B * P * (H^2 + H V)                  MLM transform and vocabulary projection at the
-                                             P = max_predictions gathered positions
-  + 6 * B * (H^2 + 2 H)                      pooler and NSP classifier on [CLS]
-with B = batch, S = seq_len, tokens = B * S, L layers, H hidden, F intermediate, V vocab. HF's
-full-sequence logits do 6 * B * (S - P) * H * (V + H) more, which this count leaves out.
-MFU = model FLOPs / step time / the device's peak (dense, for the dtype), where known.
+Model FLOPs per step (`bertjax.flops.model_flops`, the formula the trainer logs too) are the
+same for every peer, so the ratio is of useful work; they count the MLM head at the gathered
+positions only. HF's full-sequence logits do 6 * B * (S - P) * H * (V + H) more, which this count
+leaves out. MFU = model FLOPs / step time / the device's peak (dense, for the dtype), where known.
 
 Peak memory: on a GPU, jax's `peak_bytes_in_use` of the device and
 `torch.cuda.max_memory_allocated` (reset before the peer). jax's figure cannot be reset: it is the
@@ -77,23 +70,11 @@ import jax  # pylint: disable=wrong-import-position
 import numpy as np  # pylint: disable=wrong-import-position
 
 from bertjax.errors import UserError  # pylint: disable=wrong-import-position
+from bertjax.flops import model_flops, peak_flops  # pylint: disable=wrong-import-position
 from bertjax.models import bert  # pylint: disable=wrong-import-position
 
 PEERS = ("bertjax", "torch", "hf_flax")
 DTYPES = ("float32", "bfloat16")
-# Dense peak FLOP/s per device by (device-name substring, dtype); the first match wins. float32
-# on GPUs is the TF32 tensor-core peak (both peers may use TF32); on TPUs JAX's default precision
-# runs float32 matmuls in bfloat16 passes, so the bfloat16 peak stands for both.
-PEAK_FLOPS: tuple[tuple[str, str, float], ...] = (
-    ("H100", "bfloat16", 989e12), ("H100", "float32", 494e12),
-    ("H200", "bfloat16", 989e12), ("H200", "float32", 494e12),
-    ("A100", "bfloat16", 312e12), ("A100", "float32", 156e12),
-    ("TPU v4", "bfloat16", 275e12), ("TPU v4", "float32", 275e12),
-    ("TPU v5 lite", "bfloat16", 197e12), ("TPU v5 lite", "float32", 197e12),
-    ("TPU v5e", "bfloat16", 197e12), ("TPU v5e", "float32", 197e12),
-    ("TPU v5p", "bfloat16", 459e12), ("TPU v5p", "float32", 459e12),
-    ("TPU v5", "bfloat16", 459e12), ("TPU v5", "float32", 459e12),
-)
 HF_LOGITS_NOTE = ("HF (torch and Flax) computes MLM logits at every position; bertjax gathers the "
                   "masked ones first (as original BERT). model_flops counts the gathered "
                   "positions for every peer.")
@@ -102,23 +83,6 @@ HF_FLAX_MISSING = (
     "lacks (5.x removed Flax); make a separate virtual environment: python3 -m venv flaxvenv && "
     "flaxvenv/bin/pip install -e . torch==2.13.0 && flaxvenv/bin/pip install transformers==4.57.6 "
     "(without its [flax] extra), and run the benchmark with flaxvenv/bin/python, or drop hf_flax.")
-
-
-def peak_flops(device_name: str, dtype: str) -> float | None:
-  """The device's dense peak FLOP/s for `dtype`, or None where unknown (CPUs, other chips)."""
-  for name, kind, peak in PEAK_FLOPS:
-    if name.lower() in device_name.lower() and kind == dtype:
-      return peak
-  return None
-
-
-def model_flops(config: bert.BertConfig, batch_size: int, seq_len: int,
-                max_predictions: int) -> int:
-  """Training FLOPs of one step by the formula in the module docstring (exact integer)."""
-  b, s, p = batch_size, seq_len, max_predictions
-  h, f, l, v = config.hidden_size, config.intermediate_size, config.num_layers, config.vocab_size
-  return (6 * b * s * l * (4 * h * h + 2 * h * f) + 12 * b * l * s * s * h
-          + 6 * b * p * (h * h + h * v) + 6 * b * (h * h + 2 * h))
 
 
 def make_batch(vocab_size: int, batch_size: int, seq_len: int, max_predictions: int,
@@ -231,16 +195,9 @@ def bench_bertjax(size: str, batch: dict[str, np.ndarray], vocab_size: int, dtyp
   memory = _CpuPeakMemory()
   memory.start()
   model = heads.BertForPreTraining(pretraining.model_config(config, vocab_size))
-
-  def init_params(rng, b):
-    return model.init({"params": rng}, b["input_ids"], b["segment_ids"], b["input_mask"],
-                      b["masked_lm_positions"], deterministic=True)["params"]
-
-  task = train.Task(
-      init_params=init_params, loss_fn=pretraining.make_loss_fn(model),
-      eval_fn=pretraining.make_eval_fn(model, 5), summarize_eval=pretraining.summarize_eval,
-      train_batches=lambda position: iter(()), eval_batches=None, init_batch=batch)
-  setup = train.build(config, task)
+  task = train.Task(model=model, terms=pretraining.make_terms(5),
+                    batches=train.Batches(train=lambda position: iter(())))
+  setup = train.build(config, task, batch)
   state = setup.init_state()
   device_batch = parallel.global_batch(batch, setup.mesh)
 

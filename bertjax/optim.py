@@ -1,5 +1,5 @@
 """The optimizer of BERT: AdamW with linear warmup + linear decay, a weight-decay mask, gradient
-clipping by global norm and optional gradient accumulation, all from optax.
+clipping by global norm, all from optax.
 
 The recipe (Devlin et al. 2019, section A.2; google-research/bert `optimization.py`): Adam with
 b1=0.9, b2=0.999, eps=1e-6, decoupled L2 weight decay 0.01 on everything but biases and LayerNorm
@@ -94,10 +94,12 @@ def weight_decay_mask(params: Any) -> Any:
 
 def make_optimizer(*, learning_rate: float = 1e-4, num_train_steps: int, warmup_steps: int,
                    b1: float = 0.9, b2: float = 0.999, eps: float = 1e-6,
-                   weight_decay: float = 0.01, clip_norm: float | None = 1.0,
-                   grad_accum_steps: int = 1
+                   weight_decay: float = 0.01, clip_norm: float | None = 1.0
                    ) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """BERT's optimizer: clip by global norm, then AdamW with the warmup + linear-decay schedule.
+
+  Gradient accumulation is not here: the train step (`bertjax.train.make_train_step`) sums the
+  micro-batches' gradients before the one `tx.update` of a step.
 
   Args:
     learning_rate: the peak learning rate.
@@ -106,27 +108,12 @@ def make_optimizer(*, learning_rate: float = 1e-4, num_train_steps: int, warmup_
     b1, b2, eps: Adam's decay rates and epsilon (added outside the square root).
     weight_decay: decoupled weight decay (times the learning rate), on `weight_decay_mask`.
     clip_norm: clip gradients to this global norm; None or 0 turns clipping off.
-    grad_accum_steps: k > 1 wraps the optimizer in `optax.MultiSteps`: k calls of `tx.update`
-      accumulate the mean gradient and only the k-th applies an update (the others return zero
-      updates). Clipping then applies to the mean gradient, as with one large batch.
   Returns:
-    (tx, schedule). `schedule(n)` is the learning rate of the n-th optimizer *update*
-    (0-based). Without accumulation that is the training step; with k > 1 the schedule spans
-    num_train_steps // k updates (warmup_steps // k of warmup), so the rate of training step s
-    is `schedule(s // k)`.
+    (tx, schedule): `schedule(n)` is the learning rate of the n-th update (0-based), the n-th
+    training step.
   """
-  if grad_accum_steps < 1:
-    raise UserError(f"grad_accum_steps={grad_accum_steps} must be at least 1; set "
-                    "--config.train.grad_accum_steps.")
-  num_updates = num_train_steps // grad_accum_steps
-  if num_updates < 1:
-    raise UserError(
-        f"num_train_steps={num_train_steps} gives no optimizer update with grad_accum_steps="
-        f"{grad_accum_steps}; set --config.train.num_train_steps to a multiple of it.")
-  schedule = learning_rate_schedule(learning_rate, warmup_steps // grad_accum_steps, num_updates)
+  schedule = learning_rate_schedule(learning_rate, warmup_steps, num_train_steps)
   adamw = optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
                       mask=weight_decay_mask)
   tx = optax.chain(optax.clip_by_global_norm(clip_norm), adamw) if clip_norm else adamw
-  if grad_accum_steps > 1:
-    tx = optax.MultiSteps(tx, every_k_schedule=grad_accum_steps).gradient_transformation()
   return tx, schedule

@@ -1,22 +1,24 @@
-"""The trainer: train state, the pure jitted train/eval steps, and the loop.
+"""The trainer: train state, the pure jitted train and eval steps, and the loop.
 
-The trainer knows nothing of MLM or SQuAD: a `Task` supplies the model's parameter init, the loss,
-the evaluation sums, per-example predictions and their scoring (for metrics such as F1 that do not
-add up over batches), and the batches. The trainer owns the rest: the mesh, the state, one jitted
-step with donated state, logging (progress bar, metrics.jsonl, TensorBoard), checkpoints,
-preemption, WORKDIR/eval_results.json (the last evaluation) and, at the end, predicting the
-task's prediction sets (e.g. a test split), which the task writes in its own format.
+The trainer knows nothing of MLM or SQuAD. A `Task` gives it a model (a `heads.BertFor*` module
+called on the batch dict), the weighted terms its loss and metrics are made of, its batches and,
+optionally, per-example predictions, their scoring and their files. The trainer owns the rest:
+the mesh, the state, one jitted train step with donated state, one jitted eval step (one forward
+pass for the metrics and the predictions), the logs (progress bar, metrics.jsonl, TensorBoard:
+`bertjax.metric_logs`), checkpoints, an agreed stop on SIGTERM or SIGINT
+(`bertjax.preemption`), WORKDIR/eval_results.json (the last evaluation) and, after the last
+step, the task's prediction files.
 
 Where a run starts from, in this order: the latest checkpoint in WORKDIR/checkpoints (resume:
 parameters, optimizer state, step, rng and data position); else `config.init_checkpoint`
-(parameters only; anything it lacks is freshly initialised); else from scratch.
+(parameters only; anything it lacks is freshly initialised, and a head of other shapes, e.g.
+another number of labels, stays fresh with a message); else from scratch.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
-import signal
-import threading
 import time
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
@@ -27,16 +29,35 @@ import ml_collections
 import numpy as np
 import optax
 import tqdm
+from clu import metrics as clu_metrics
 from etils import epath
 
-from bertjax import checkpoint, optim, parallel
+from bertjax import checkpoint, flops, metric_logs, optim, parallel, preemption
 from bertjax.errors import UserError
+from bertjax.models import heads
 
 Batch = Mapping[str, np.ndarray]
 Params = Any
+# name -> (values, weights) of the same shape: a metric is sum(values * weights) / sum(weights).
+Terms = dict[str, tuple[jax.Array, jax.Array]]
 # The train state: a plain dict so that checkpoints are readable without this code.
 #   step [] int32, params (tree), opt_state (optax tree), rng [2] uint32 (dropout base key).
 TrainState = dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Batches:
+  """A task's data, as per-host numpy batches (`bertjax.data.pipeline`).
+
+  Attributes:
+    train: data position (None = the start) -> endless (batch, position after it).
+    eval: () -> the held-out batches, once through, the last padded (example_weight 0); None:
+      no evaluation.
+    predict: {set name: () -> batches}, predicted once after the last step (e.g. a test split).
+  """
+  train: Callable[[dict | None], Iterator[tuple[Batch, dict]]]
+  eval: Callable[[], Iterable[Batch]] | None = None
+  predict: Mapping[str, Callable[[], Iterable[Batch]]] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,43 +65,49 @@ class Task:
   """What a task hands the trainer.
 
   Attributes:
-    init_params: (rng, batch) -> the model's "params" collection, with logical axis boxes.
-    loss_fn: (params, batch, dropout_rng) -> (scalar loss, {name: scalar}) for a batch, with
-      dropout on. Metrics are means over the batch.
-    eval_fn: (params, batch) -> {name: scalar sum over the batch}; dropout off.
-    summarize_eval: sums over the whole evaluation -> the reported metrics.
-    train_batches: data position (None = start) -> iterator of (per-host batch, position after it).
-    eval_batches: () -> per-host batches of the held-out set, once through (None: no evaluation).
-    init_batch: a per-host batch with the shapes of training, for initialisation.
-    files: workdir files the task describes itself by, {name: text or bytes}, e.g.
-      bert_config.json and the tokenizer (written next to config.json).
-    predict_fn: (params, batch) -> {name: [batch, ...] array}, per example, dropout off (e.g.
-      logits or predicted labels); None for a task scored by sums alone.
-    score_predictions: {name: [N, ...] numpy array} over the whole eval set, padding rows
-      dropped, in the order of `eval_batches` -> metrics, reported with summarize_eval's.
-    predict_sets: {set name: () -> per-host batches}: sets (e.g. a test split without labels)
-      predicted once after the last step and handed to write_predictions.
-    write_predictions: (set name, {name: [N, ...] numpy array}, workdir) -> None: writes
-      predictions in the task's official format. Called after the last step for each of
-      predict_sets and for "eval" with the last evaluation's predictions.
-    head: the name of the task's head in the parameters (e.g. "sequence_classification"): an
-      init_checkpoint whose head has other shapes (another number of labels) leaves it freshly
-      initialised, with a message, instead of stopping.
+    model: a `heads.BertFor*` module (called by `heads.apply_to_batch`).
+    terms: (model outputs, batch) -> Terms, traced inside jit. Each term is averaged over its
+      weights; the terms named "loss" or "*_loss" are the training objective (their weighted
+      means, summed). Weights must depend on the batch alone (masks, example_weight), never on
+      the outputs: gradient accumulation divides every micro-batch by the whole batch's weight.
+      A batch without labels (e.g. SQuAD's eval windows) may give no terms.
+    batches: the data.
+    predict: (outputs, batch) -> {name: [batch, ...]} per-example predictions, or None.
+    score: (metric totals {name: clu Average} over the eval set, predictions {name: [N, ...]}
+      numpy or None) -> the reported metrics; None reports `means(totals)`.
+    write: (set name, predictions, workdir) -> None, the task's official files; called after
+      the last step for "eval" (the last evaluation's predictions) and each predict set.
+    files: workdir files that describe the model, {name: text or bytes} (bert_config.json,
+      the tokenizer, labels.json), written next to config.json.
   """
-  init_params: Callable[[jax.Array, Batch], Params]
-  loss_fn: Callable[[Params, Batch, jax.Array], tuple[jax.Array, dict[str, jax.Array]]]
-  eval_fn: Callable[[Params, Batch], dict[str, jax.Array]]
-  summarize_eval: Callable[[dict[str, float]], dict[str, float]]
-  train_batches: Callable[[dict | None], Iterator[tuple[Batch, dict]]]
-  eval_batches: Callable[[], Iterable[Batch]] | None
-  init_batch: Batch
+  model: nn.Module
+  terms: Callable[[Any, Batch], Terms]
+  batches: Batches
+  predict: Callable[[Any, Batch], dict[str, jax.Array]] | None = None
+  score: Callable[[dict[str, Any], dict[str, np.ndarray] | None], dict[str, float]] | None = None
+  write: Callable[[str, dict[str, np.ndarray], epath.Path], None] | None = None
   files: Mapping[str, str | bytes] = dataclasses.field(default_factory=dict)
-  predict_fn: Callable[[Params, Batch], dict[str, jax.Array]] | None = None
-  score_predictions: Callable[[dict[str, np.ndarray]], dict[str, float]] | None = None
-  predict_sets: Mapping[str, Callable[[], Iterable[Batch]]] = dataclasses.field(
-      default_factory=dict)
-  write_predictions: Callable[[str, dict[str, np.ndarray], epath.Path], None] | None = None
-  head: str = ""
+
+
+def is_loss(name: str) -> bool:
+  """Whether a term belongs to the training objective ("loss", "mlm_loss", ...)."""
+  return name == "loss" or name.endswith("_loss")
+
+
+def means(totals: Mapping[str, Any]) -> dict[str, float]:
+  """{name: weighted mean} of metric totals, with "loss" the sum of the loss terms' means when
+  there are several (pretraining: mlm_loss + nsp_loss)."""
+  out = {name: float(metric.compute()) for name, metric in totals.items()}
+  if "loss" not in out and any(is_loss(k) for k in out):
+    out = {"loss": sum(v for k, v in out.items() if is_loss(k)), **out}
+  return out
+
+
+def _averages(terms: Terms) -> dict[str, clu_metrics.Average]:
+  """Terms -> {name: clu Average of the weighted sum and the weight}."""
+  return {name: clu_metrics.Average(total=jnp.sum(values * weights).astype(jnp.float32),
+                                    count=jnp.sum(weights).astype(jnp.float32))
+          for name, (values, weights) in terms.items()}
 
 
 def make_optimizer(train_config: ml_collections.ConfigDict):
@@ -94,22 +121,40 @@ def make_optimizer(train_config: ml_collections.ConfigDict):
 
 def make_train_step(task: Task, tx: optax.GradientTransformation, schedule: optax.Schedule,
                     grad_accum_steps: int = 1):
-  """Returns the pure `train_step(state, batch) -> (state, metrics)`.
+  """Returns the pure `train_step(state, batch) -> (state, clu Collection of metrics)`.
 
   The dropout key of a step is folded from the state's rng and the step number, so a resumed run
   draws the same dropout masks as an uninterrupted one. With `grad_accum_steps` k > 1 the batch
-  [B, ...] is split into k micro-batches [B/k, ...] whose gradients are averaged before one
-  update; the split takes every k-th row so each device keeps its own rows (no communication).
+  [B, ...] is split into k micro-batches [B/k, ...] (every k-th row, so each device keeps its
+  own rows) whose gradients are summed before one update. Every loss term is divided by its
+  weight over the whole batch B, so k micro-batches give exactly the gradient and metrics of
+  one batch of B.
   """
 
-  def grads_and_metrics(params, batch, rng):
-    (loss, metrics), grads = jax.value_and_grad(task.loss_fn, has_aux=True)(params, batch, rng)
-    return grads, dict(metrics, loss=loss)
+  def outputs_of(params, batch, rng):
+    return heads.apply_to_batch(task.model, params, batch, deterministic=False,
+                                rngs={"dropout": rng})
 
-  def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
+  def total_weights(params, batch):
+    """{loss term: its weight over `batch`}; the weights need no forward pass, so XLA drops
+    the loss arithmetic run here on zero outputs."""
+    shapes = jax.eval_shape(outputs_of, params, batch, jax.random.PRNGKey(0))
+    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+    return {name: jnp.maximum(jnp.sum(weights), 1e-5)
+            for name, (_, weights) in task.terms(zeros, batch).items() if is_loss(name)}
+
+  def objective(params, batch, rng, totals):
+    terms = task.terms(outputs_of(params, batch, rng), batch)
+    loss = sum(jnp.sum(terms[name][0] * terms[name][1]) / total
+               for name, total in totals.items())
+    return loss, _averages(terms)
+
+  def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, Any]:
     rng = jax.random.fold_in(state["rng"], state["step"])
+    totals = total_weights(state["params"], batch)
+    gradient = jax.value_and_grad(objective, has_aux=True)
     if grad_accum_steps == 1:
-      grads, metrics = grads_and_metrics(state["params"], batch, rng)
+      (loss, averages), grads = gradient(state["params"], batch, rng, totals)
     else:
       # [B, ...] -> [B/k, k, ...] -> [k, B/k, ...]
       micro = jax.tree.map(
@@ -118,23 +163,47 @@ def make_train_step(task: Task, tx: optax.GradientTransformation, schedule: opta
 
       def accumulate(carry, inputs):
         index, micro_batch = inputs
-        grads, metrics = grads_and_metrics(state["params"], micro_batch,
-                                           jax.random.fold_in(rng, index))
-        return jax.tree.map(jnp.add, carry, (grads, metrics)), None
+        out = gradient(state["params"], micro_batch, jax.random.fold_in(rng, index), totals)
+        return jax.tree.map(jnp.add, carry, out), None
 
       zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(
-          grads_and_metrics, state["params"], jax.tree.map(lambda x: x[0], micro), rng))
-      total, _ = jax.lax.scan(accumulate, zeros, (jnp.arange(grad_accum_steps), micro))
-      grads, metrics = jax.tree.map(lambda x: x / grad_accum_steps, total)
+          gradient, state["params"], jax.tree.map(lambda x: x[0], micro), rng, totals))
+      ((loss, averages), grads), _ = jax.lax.scan(
+          accumulate, zeros, (jnp.arange(grad_accum_steps), micro))
 
     updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
     params = optax.apply_updates(state["params"], updates)
-    metrics.update(grad_norm=optax.global_norm(grads), param_norm=optax.global_norm(params),
-                   learning_rate=schedule(state["step"]))
+    scalars = {"grad_norm": optax.global_norm(grads), "param_norm": optax.global_norm(params)}
+    if "loss" not in averages:
+      scalars["loss"] = loss
+    metrics = clu_metrics.Collection.create_collection(
+        **averages, **{k: clu_metrics.Average.from_model_output(v) for k, v in scalars.items()},
+        learning_rate=clu_metrics.LastValue.from_model_output(schedule(state["step"])))
     new_state = dict(state, step=state["step"] + 1, params=params, opt_state=opt_state)
     return new_state, metrics
 
   return train_step
+
+
+def make_eval_step(task: Task, *, with_terms: bool = True):
+  """Returns the pure `eval_step(params, batch) -> (clu Collection of the terms, predictions)`:
+  one forward pass without dropout; predictions ({} without `task.predict`) carry the batch's
+  example_weight, so padding rows can be dropped. Without terms (for sets without labels) the
+  Collection is empty."""
+
+  def eval_step(params, batch):
+    outputs = heads.apply_to_batch(task.model, params, batch, deterministic=True)
+    weight = batch["example_weight"]
+    # Padded rows (example_weight 0) count for no term.
+    terms = {name: (values, weights * weight.reshape(weight.shape + (1,) * (weights.ndim - 1)))
+             for name, (values, weights) in task.terms(outputs, batch).items()
+             } if with_terms else {}
+    predictions = {}
+    if task.predict is not None:
+      predictions = dict(task.predict(outputs, batch), example_weight=weight)
+    return clu_metrics.Collection.create_collection(**_averages(terms)), predictions
+
+  return eval_step
 
 
 @dataclasses.dataclass
@@ -143,9 +212,9 @@ class Setup:
   mesh: jax.sharding.Mesh
   abstract_state: TrainState  # ShapeDtypeStructs with .sharding
   init_state: Callable[[], TrainState]
-  train_step: Callable[[TrainState, Any], tuple[TrainState, dict]]
-  eval_step: Callable[[Params, Any], dict]
-  predict_step: Callable[[Params, Any], dict] | None  # the task's predict_fn + example_weight
+  train_step: Callable[[TrainState, Any], tuple[TrainState, Any]]
+  eval_step: Callable[[Params, Any], tuple[Any, dict]]
+  predict_step: Callable[[Params, Any], tuple[Any, dict]]  # eval_step without the terms
 
 
 def make_checked_mesh(config: ml_collections.ConfigDict,
@@ -160,18 +229,24 @@ def make_checked_mesh(config: ml_collections.ConfigDict,
         f"train.batch_size={config.train.batch_size} must split into "
         f"train.grad_accum_steps={config.train.grad_accum_steps} micro-batches that each divide "
         f"over {parallel.num_batch_shards(mesh)} devices; change either.")
+  tr, hosts = config.train, jax.process_count()
+  if tr.batch_size % hosts or tr.eval_batch_size % hosts:
+    raise UserError(f"train.batch_size={tr.batch_size} and train.eval_batch_size="
+                    f"{tr.eval_batch_size} must divide over {hosts} hosts.")
   return mesh
 
 
-def build(config: ml_collections.ConfigDict, task: Task,
+def build(config: ml_collections.ConfigDict, task: Task, init_batch: Batch,
           devices: list[jax.Device] | None = None) -> Setup:
-  """Builds the mesh, the state's shardings and the jitted init / train / eval functions."""
+  """Builds the mesh, the state's shardings and the jitted init / train / eval functions;
+  `init_batch` (a per-host batch) gives the shapes the parameters are initialised with."""
   mesh = make_checked_mesh(config, devices)
   tx, schedule = make_optimizer(config.train)
   rng = jax.random.PRNGKey(config.seed)
   init_rng, dropout_rng = jax.random.split(rng)
 
-  boxed = jax.eval_shape(task.init_params, init_rng, task.init_batch)
+  init_params = functools.partial(heads.init_from_batch, task.model)
+  boxed = jax.eval_shape(init_params, init_rng, init_batch)
   params_sharding = parallel.param_shardings(boxed, mesh)
   abstract_params = nn.unbox(boxed)
   state_sharding = dict(
@@ -180,7 +255,7 @@ def build(config: ml_collections.ConfigDict, task: Task,
       rng=parallel.replicated(mesh))
 
   def init_state() -> TrainState:
-    params = nn.unbox(task.init_params(init_rng, task.init_batch))
+    params = nn.unbox(init_params(init_rng, init_batch))
     return dict(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
                 rng=dropout_rng)
 
@@ -192,15 +267,11 @@ def build(config: ml_collections.ConfigDict, task: Task,
       make_train_step(task, tx, schedule, config.train.grad_accum_steps),
       in_shardings=(state_sharding, batch_sharding),
       out_shardings=(state_sharding, parallel.replicated(mesh)), donate_argnums=0)
-  eval_step = jax.jit(task.eval_fn, in_shardings=(params_sharding, batch_sharding),
-                      out_shardings=parallel.replicated(mesh))
-  predict_step = None
-  if task.predict_fn is not None:
-    def predict_with_weights(params, batch):
-      return dict(task.predict_fn(params, batch), example_weight=batch["example_weight"])
-    # Replicated outputs: every host gets the predictions of the whole global batch.
-    predict_step = jax.jit(predict_with_weights, in_shardings=(params_sharding, batch_sharding),
-                           out_shardings=parallel.replicated(mesh))
+  # Replicated outputs: every host gets the metrics and predictions of the whole global batch.
+  eval_step, predict_step = (
+      jax.jit(make_eval_step(task, with_terms=with_terms),
+              in_shardings=(params_sharding, batch_sharding),
+              out_shardings=parallel.replicated(mesh)) for with_terms in (True, False))
   return Setup(mesh=mesh, abstract_state=abstract_state,
                init_state=jax.jit(init_state, out_shardings=state_sharding),
                train_step=train_step, eval_step=eval_step, predict_step=predict_step)
@@ -208,116 +279,87 @@ def build(config: ml_collections.ConfigDict, task: Task,
 
 def _real_rows(outputs: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
   """Concatenates per-batch predictions and drops the padding rows (example_weight 0)."""
-  if not outputs:
+  if not outputs or not outputs[0]:
     return {}
   joined = {k: np.concatenate([o[k] for o in outputs]) for k in outputs[0]}
   real = joined.pop("example_weight") > 0
   return {k: v[real] for k, v in joined.items()}
 
 
-def predict(setup: Setup, batches: Iterable[Batch], params: Params) -> dict[str, np.ndarray]:
-  """The task's predictions for every real example of `batches` (in their order), on the host:
-  {name: [N, ...] numpy array}."""
-  outputs = [jax.device_get(setup.predict_step(params, parallel.global_batch(b, setup.mesh)))
-             for b in batches]
-  return _real_rows(outputs)
-
-
-def evaluate_with_predictions(setup: Setup, task: Task, params: Params, max_batches: int = -1
-                              ) -> tuple[dict[str, float], dict[str, np.ndarray] | None]:
-  """One pass over the held-out batches: (the task's metrics, its predictions or None).
-
-  The metrics are summarize_eval of the eval step's sums, and, for a task with predict_fn,
-  score_predictions of the per-example predictions over the whole set.
-  """
-  sums: dict[str, float] = {}
-  outputs = []
-  for i, batch in enumerate(task.eval_batches()):
+def run_eval_step(setup: Setup, params: Params, batches: Iterable[Batch], max_batches: int = -1,
+                  *, with_terms: bool = True) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+  """One pass of the eval step (or, without terms, the predict step): (metric totals {name:
+  clu Average}, predictions of the real examples {name: [N, ...]} in the order of `batches`, {}
+  without task.predict)."""
+  step = setup.eval_step if with_terms else setup.predict_step
+  totals, outputs = None, []
+  for i, batch in enumerate(batches):
     if 0 <= max_batches <= i:
       break
-    batch = parallel.global_batch(batch, setup.mesh)
-    for k, v in jax.device_get(setup.eval_step(params, batch)).items():
-      sums[k] = sums.get(k, 0.0) + float(v)
-    if setup.predict_step is not None:
-      outputs.append(jax.device_get(setup.predict_step(params, batch)))
-  metrics = task.summarize_eval(sums)
-  if setup.predict_step is None:
-    return metrics, None
-  predictions = _real_rows(outputs)
-  if task.score_predictions is not None:
-    metrics = {**metrics, **task.score_predictions(predictions)}
+    collection, predictions = jax.device_get(
+        step(params, parallel.global_batch(batch, setup.mesh)))
+    totals = collection if totals is None else totals.merge(collection)
+    outputs.append(predictions)
+  metrics = {} if totals is None else {
+      name: metric for name, metric in vars(totals).items() if not name.startswith("_")}
+  return metrics, _real_rows(outputs)
+
+
+def evaluate(setup: Setup, task: Task, params: Params, max_batches: int = -1
+             ) -> tuple[dict[str, float], dict[str, np.ndarray] | None]:
+  """One pass over the held-out batches: (the task's metrics, its predictions or None)."""
+  totals, predictions = run_eval_step(setup, params, task.batches.eval(), max_batches)
+  predictions = predictions if task.predict is not None else None
+  metrics = task.score(totals, predictions) if task.score else means(totals)
   return metrics, predictions
 
 
-def evaluate(setup: Setup, task: Task, params: Params, max_batches: int = -1) -> dict[str, float]:
-  """Runs the eval step over the held-out batches and returns the task's metrics."""
-  return evaluate_with_predictions(setup, task, params, max_batches)[0]
-
-
-class MetricsLog:
-  """metrics.jsonl (one JSON object per line with `step` and `split`) and TensorBoard, host 0."""
-
-  def __init__(self, workdir: epath.Path):
-    self.enabled = jax.process_index() == 0
-    if self.enabled:
-      from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
-      self._jsonl = (workdir / "metrics.jsonl").open("a")
-      self._tb = SummaryWriter(str(workdir / "tensorboard"))
-
-  def write(self, step: int, split: str, metrics: Mapping[str, float]) -> None:
-    if not self.enabled:
-      return
-    self._jsonl.write(json.dumps({"step": step, "split": split, **metrics}) + "\n")
-    self._jsonl.flush()
-    for k, v in metrics.items():
-      self._tb.add_scalar(f"{split}/{k}", v, step)
-    self._tb.flush()
-
-  def close(self) -> None:
-    if self.enabled:
-      self._jsonl.close()
-      self._tb.close()
-
-
-class _Preemption:
-  """Turns SIGTERM (how Cloud TPU preempts a VM) into a flag the loop checks after each step."""
-
-  def __init__(self):
-    self.requested = threading.Event()
-    self._previous = None
-
-  def __enter__(self):
-    if threading.current_thread() is threading.main_thread():
-      self._previous = signal.signal(signal.SIGTERM, lambda *_: self.requested.set())
-    return self
-
-  def __exit__(self, *exc):
-    if self._previous is not None:
-      signal.signal(signal.SIGTERM, self._previous)
-
-
 def restore_or_init(config: ml_collections.ConfigDict, setup: Setup,
-                    checkpoints: checkpoint.Checkpoints,
-                    head: str = "") -> tuple[TrainState, dict | None]:
+                    checkpoints: checkpoint.Checkpoints) -> tuple[TrainState, dict | None]:
   """The start state: latest checkpoint, else init_checkpoint's parameters, else fresh.
 
-  `head` (Task.head) names parameters that stay fresh when init_checkpoint's differ in shape.
+  The task's head (every top-level parameter but the encoder 'bert') stays fresh, with a
+  message, where init_checkpoint's has other shapes (another task or number of labels).
   """
   if checkpoints.latest_step() is not None:
     return checkpoints.restore(setup.abstract_state)
   state = setup.init_state()
   if config.init_checkpoint:
+    head = [name for name in state["params"] if name != "bert"]
     params, report = checkpoint.load_params(config.init_checkpoint, state["params"],
-                                            fresh_on_mismatch=(head + "/",) if head else ())
+                                            fresh_on_mismatch=tuple(f"{h}/" for h in head))
     print(f"init_checkpoint: {len(report.loaded)} parameters from {report.step_dir}")
     if report.replaced:
-      print(f"init_checkpoint: its {head} has other shapes (another task or number of labels); "
-            f"freshly initialised {', '.join(report.replaced)}")
+      print(f"init_checkpoint: its {' and '.join(head)} has other shapes (another task or number "
+            f"of labels); freshly initialised {', '.join(report.replaced)}")
     if report.missing:
       print(f"init_checkpoint: freshly initialised {len(report.missing)} parameters it lacks: "
             f"{', '.join(report.missing[:8])}{' ...' if len(report.missing) > 8 else ''}")
     state = dict(state, params=params)
   return state, None
+
+
+def step_flops(bert_config, batch: Batch) -> int:
+  """`flops.model_flops` of one step on this per-host batch, over all hosts: the sequences are
+  input_ids' rows ([batch, seq] or, for multiple choice, [batch, choices, seq])."""
+  input_ids = batch["input_ids"]
+  predictions = batch["masked_lm_positions"].shape[-1] if "masked_lm_positions" in batch else 0
+  return flops.model_flops(bert_config, batch_size=input_ids[..., 0].size * jax.process_count(),
+                           seq_len=input_ids.shape[-1], max_predictions=predictions)
+
+
+def _write_workdir_files(config: ml_collections.ConfigDict, workdir: epath.Path,
+                         files: Mapping[str, str | bytes]) -> None:
+  """config.json and the task's files, from host 0."""
+  if jax.process_index() != 0:
+    return
+  workdir.mkdir(parents=True, exist_ok=True)
+  (workdir / "config.json").write_text(config.to_json_best_effort(indent=2) + "\n")
+  for name, data in files.items():
+    if isinstance(data, bytes):
+      (workdir / name).write_bytes(data)
+    else:
+      (workdir / name).write_text(data)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, task: Task,
@@ -328,87 +370,67 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, task: Ta
   can be wrong (shapes, batch sizes, an incompatible checkpoint) before writing to the workdir.
   """
   workdir = epath.Path(workdir)
-  setup = build(config, task, devices)
+  tr = config.train
+  setup = build(config, task, next(task.batches.train(None))[0], devices)
   checkpoints = checkpoint.Checkpoints(
-      workdir / "checkpoints", save_every_steps=config.train.checkpoint_every_steps,
-      keep=config.train.keep_checkpoints)
-  state, position = restore_or_init(config, setup, checkpoints, task.head)
+      workdir / "checkpoints", save_every_steps=tr.checkpoint_every_steps,
+      keep=tr.keep_checkpoints)
+  state, position = restore_or_init(config, setup, checkpoints)
   start_step = int(state["step"])
-  total = config.train.num_train_steps
+  total = tr.num_train_steps
   # Where this process stops: the end of the run, or earlier for a time-boxed job.
-  stop = total if config.train.stop_after_steps < 0 else min(total, config.train.stop_after_steps)
-  if position is not None or start_step:
+  stop = total if tr.stop_after_steps < 0 else min(total, tr.stop_after_steps)
+  if start_step:
     print(f"resuming from step {start_step} of {workdir / 'checkpoints'}")
-
-  if jax.process_index() == 0:
-    workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / "config.json").write_text(config.to_json_best_effort(indent=2) + "\n")
-    for name, data in task.files.items():
-      if isinstance(data, bytes):
-        (workdir / name).write_bytes(data)
-      else:
-        (workdir / name).write_text(data)
-  log = MetricsLog(workdir)
-  train_cfg = config.train
+  _write_workdir_files(config, workdir, task.files)
+  log = metric_logs.MetricLog(workdir, dtype=config.model.dtype,
+                              devices=list(setup.mesh.devices.flat))
   eval_metrics: dict[str, float] = {}
   eval_predictions: dict[str, np.ndarray] | None = None
 
   def run_eval(step: int) -> dict[str, float]:
     nonlocal eval_predictions
-    if task.eval_batches is None:
+    if task.batches.eval is None:
       return {}
-    metrics, eval_predictions = evaluate_with_predictions(setup, task, state["params"],
-                                                          train_cfg.eval_steps)
-    log.write(step, "eval", metrics)
-    tqdm.tqdm.write(f"step {step} eval: " + ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
+    metrics, eval_predictions = evaluate(setup, task, state["params"], tr.eval_steps)
+    log.write_eval(step, metrics)
     if jax.process_index() == 0:
       (workdir / "eval_results.json").write_text(
           json.dumps({"step": step, **metrics}, indent=2) + "\n")
     return metrics
 
-  batches = task.train_batches(position)
-  pending: list[dict[str, jax.Array]] = []
-  pending_tokens = 0  # tokens (padding included) of the global batches since the last log
   bar = tqdm.tqdm(total=total, initial=start_step, desc="train", unit="step",
                   disable=jax.process_index() != 0, dynamic_ncols=True, mininterval=1.0)
-  interval_start = time.perf_counter()
   step = start_step
-  with _Preemption() as preemption:
+  batches = task.batches.train(position)
+  with preemption.StopSignal() as stop_signal:
     while step < stop:
       batch, position = next(batches)
       state, metrics = setup.train_step(state, parallel.global_batch(batch, setup.mesh))
-      pending.append(metrics)
-      pending_tokens += batch["input_ids"].size * jax.process_count()
+      log.add(metrics, examples=len(batch["input_ids"]) * jax.process_count(),
+              tokens=batch["input_ids"].size * jax.process_count(),
+              flops=step_flops(task.model.config, batch))
       step += 1
       bar.update(1)
-      if step % train_cfg.log_every_steps == 0 or step == total:
-        fetched = jax.device_get(pending)
-        elapsed = time.perf_counter() - interval_start
-        summary = {k: float(np.mean([m[k] for m in fetched])) for k in fetched[0]}
-        summary["examples_per_second"] = len(fetched) * train_cfg.batch_size / elapsed
-        summary["tokens_per_second"] = pending_tokens / elapsed
-        log.write(step, "train", summary)
-        accuracies = {k.replace("accuracy", "acc"): f"{v:.3f}" for k, v in summary.items()
-                      if k.endswith("accuracy")}  # mlm_acc, nsp_acc; acc when fine-tuning
-        bar.set_postfix(loss=f"{summary['loss']:.3f}", **accuracies,
-                        tok_s=f"{summary['tokens_per_second']:.0f}", refresh=False)
-        pending, pending_tokens, interval_start = [], 0, time.perf_counter()
-      if step % train_cfg.eval_every_steps == 0 or step == total:
+      if step % tr.log_every_steps == 0 or step == total:
+        bar.set_postfix(log.write_train(step), refresh=False)
+      if step % tr.eval_every_steps == 0 or step == total:
         eval_metrics = run_eval(step)
-        interval_start = time.perf_counter()
-      checkpoints.save(step, state, position, force=step == stop)
-      if preemption.requested.is_set():
-        checkpoints.save(step, state, position, force=True)
-        tqdm.tqdm.write(f"SIGTERM: saved a checkpoint at step {step}; rerun the same command "
-                        "to resume.")
+        log.restart_clock()
+      stopping = stop_signal.should_stop(step)
+      checkpoints.save(step, state, position, force=step == stop or stopping)
+      if stopping:
+        tqdm.tqdm.write(f"{stop_signal.received or 'a signal on another host'}: saved a "
+                        f"checkpoint at step {step}; rerun the same command to resume.")
         break
   bar.close()
-  if step == total and task.write_predictions is not None:
-    write = task.write_predictions if jax.process_index() == 0 else lambda *_: None
+  if step == total and task.write is not None:
+    write = task.write if jax.process_index() == 0 else lambda *_: None
     if eval_predictions is not None:
       write("eval", eval_predictions, workdir)
-    for name, batches in task.predict_sets.items():
-      write(name, predict(setup, batches(), state["params"]), workdir)
+    for name, make_batches in task.batches.predict.items():
+      write(name, run_eval_step(setup, state["params"], make_batches(), with_terms=False)[1],
+            workdir)
   checkpoints.close()
   log.close()
   return eval_metrics

@@ -21,6 +21,7 @@ from bertjax import metrics, model_files
 from bertjax.convert import __main__ as convert_cli
 from bertjax.data import glue as glue_data
 from bertjax.errors import UserError
+from bertjax import tasks
 from bertjax.tasks import glue
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -99,7 +100,7 @@ def sst2_run(model_dir, glue_dir, tmp_path_factory):
   workdir = tmp_path_factory.mktemp("runs") / "sst2"
   config = _config("sst2", model_dir, glue_dir)
   config.data.predict_splits = "test"
-  return workdir, config, glue.run(config, str(workdir))
+  return workdir, config, tasks.run(config, str(workdir))
 
 
 def test_sst2_learns_and_writes_glue_files(sst2_run, glue_dir, tmp_path):
@@ -145,7 +146,7 @@ def test_sst2_learns_and_writes_glue_files(sst2_run, glue_dir, tmp_path):
 
 def test_stsb_regression_correlates(model_dir, glue_dir, tmp_path):
   config = _config("stsb", model_dir, glue_dir, num_train_epochs=5.0)
-  result = glue.run(config, str(tmp_path / "stsb"))
+  result = tasks.run(config, str(tmp_path / "stsb"))
   assert set(result) == {"loss", "pearson", "spearmanr"}
   assert result["pearson"] > 0.8, result
 
@@ -155,7 +156,7 @@ def test_a_fine_tuned_model_starts_another_task(sst2_run, glue_dir, tmp_path, ca
   the 1-output regressor and starts fresh (said so), and training goes on."""
   workdir, _, _ = sst2_run
   config = _config("stsb", str(workdir), glue_dir, num_train_epochs=1.0)
-  result = glue.run(config, str(tmp_path / "stsb"))
+  result = tasks.run(config, str(tmp_path / "stsb"))
   printed = capsys.readouterr().out
   assert "its sequence_classification has other shapes" in printed
   assert ("freshly initialised sequence_classification/classifier/bias, "
@@ -165,16 +166,20 @@ def test_a_fine_tuned_model_starts_another_task(sst2_run, glue_dir, tmp_path, ca
 
 def test_bad_configs_are_named(model_dir, glue_dir, tmp_path):
   with pytest.raises(UserError, match="set --config.init_checkpoint"):
-    glue.run(_config("sst2", "", glue_dir), str(tmp_path / "a"))
+    tasks.run(_config("sst2", "", glue_dir), str(tmp_path / "a"))
   with pytest.raises(UserError, match="ax .* has no training data"):
-    glue.run(_config("ax", model_dir, glue_dir), str(tmp_path / "b"))
+    tasks.run(_config("ax", model_dir, glue_dir), str(tmp_path / "b"))
   bad_split = _config("sst2", model_dir, glue_dir)
   bad_split.data.predict_splits = "test_matched"
   with pytest.raises(UserError, match="sst2 has no split 'test_matched'"):
-    glue.run(bad_split, str(tmp_path / "c"))
+    tasks.run(bad_split, str(tmp_path / "c"))
   with pytest.raises(UserError, match="MRPC"):  # no MRPC files in this GLUE directory
-    glue.run(_config("mrpc", model_dir, glue_dir), str(tmp_path / "d"))
-  assert not any((tmp_path / d).exists() for d in "abcd")
+    tasks.run(_config("mrpc", model_dir, glue_dir), str(tmp_path / "d"))
+  not_mnli = _config("sst2", model_dir, glue_dir)
+  not_mnli.data.predict_splits = "test,ax"  # AX.tsv holds MNLI's label names
+  with pytest.raises(UserError, match="only an MNLI model predicts it"):
+    tasks.run(not_mnli, str(tmp_path / "e"))
+  assert not any((tmp_path / d).exists() for d in "abcde")
 
 
 def test_command_line_unknown_task_and_missing_checkpoint(tmp_path):

@@ -17,7 +17,9 @@ import pytest
 from bertjax import metrics, tokenization
 from bertjax.data import ner as ner_data
 from bertjax.errors import UserError
-from bertjax.tasks import ner
+from bertjax import tasks
+from bertjax.models import heads
+from bertjax.tasks import finetuning, ner
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -272,7 +274,7 @@ def test_ner_learns_and_writes_conll_predictions(model_dir, conll_dir, tmp_path)
   workdir = tmp_path / "ner"
   config = _config(model_dir, conll_dir)
   config.data.predict_file = "test.txt"
-  result = ner.run(config, str(workdir))
+  result = tasks.run(config, str(workdir))
   assert set(result) == {"loss", "precision", "recall", "f1", "accuracy"}
   assert result["f1"] > 0.9, result  # an untrained tagger finds almost no entity
   saved = json.loads((workdir / "eval_results.json").read_text())
@@ -300,31 +302,32 @@ def test_ner_learns_and_writes_conll_predictions(model_dir, conll_dir, tmp_path)
 def test_saved_labels_keep_their_ids(model_dir, conll_dir, tmp_path):
   saved = ["O", "I-PER", "I-ORG", "I-LOC", "I-MISC", "B-PER", "B-ORG", "B-MISC", "B-LOC"]
   (tmp_path / "labels.json").write_text(json.dumps(saved))
-  task = ner.make_task(_config(model_dir, conll_dir), str(tmp_path))
+  task = finetuning.make_task(ner.SPEC, _config(model_dir, conll_dir), str(tmp_path))
   assert json.loads(task.files["labels.json"]) == saved
-  params = jax.eval_shape(task.init_params, jax.random.PRNGKey(0), task.init_batch)
+  params = jax.eval_shape(lambda rng, batch: heads.init_from_batch(task.model, rng, batch),
+                          jax.random.PRNGKey(0), next(task.batches.train(None))[0])
   assert nn.unbox(params)["token_tagging"]["classifier"]["kernel"].shape == (64, len(saved))
   (tmp_path / "labels.json").write_text(json.dumps(["O", "B-PER"]))
   with pytest.raises(UserError, match="tag 'B-\\w+' does not occur.*a fresh workdir"):
-    ner.make_task(_config(model_dir, conll_dir), str(tmp_path))
+    finetuning.make_task(ner.SPEC, _config(model_dir, conll_dir), str(tmp_path))
 
 
 def test_bad_configs_are_named(model_dir, conll_dir, tmp_path):
   with pytest.raises(UserError, match="set --config.init_checkpoint"):
-    ner.run(_config("", conll_dir), str(tmp_path / "a"))
+    tasks.run(_config("", conll_dir), str(tmp_path / "a"))
   with pytest.raises(UserError, match="missing.txt does not exist"):
     config = _config(model_dir, conll_dir)
     config.data.train_file = "missing.txt"
-    ner.run(config, str(tmp_path / "b"))
+    tasks.run(config, str(tmp_path / "b"))
   with pytest.raises(UserError, match="no valid.txt or dev.txt in"):
-    ner.run(_config(model_dir, tmp_path), str(tmp_path / "c"))
+    tasks.run(_config(model_dir, tmp_path), str(tmp_path / "c"))
   bad_dev = tmp_path / "dev.txt"
   bad_dev.write_text("Alice NNP B-NP B-PER\nin IN B-PP O\nRome NNP B-NP B-CITY\n")
   config = _config(model_dir, conll_dir)
   config.data.eval_file = str(bad_dev)
   with pytest.raises(UserError, match="dev.txt:3: tag 'B-CITY' does not occur in the training"):
-    ner.run(config, str(tmp_path / "d"))
+    tasks.run(config, str(tmp_path / "d"))
   config = _config(model_dir, conll_dir, batch_size=1024)
   with pytest.raises(UserError, match="fewer than one global batch"):
-    ner.run(config, str(tmp_path / "e"))
+    tasks.run(config, str(tmp_path / "e"))
   assert not any((tmp_path / d).exists() for d in "abcde")

@@ -141,34 +141,3 @@ def test_clipping_by_global_norm():
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), got, by_hand)
   not_clipped = _run(unclipped, [big, small])
   assert not np.allclose(not_clipped["dense"]["kernel"], got["dense"]["kernel"], atol=1e-4)
-
-
-def test_accumulation_equals_one_step_on_the_mean_gradient():
-  k = 3
-  accum, accum_schedule = optim.make_optimizer(
-      learning_rate=1e-2, num_train_steps=4 * k, warmup_steps=2 * k, grad_accum_steps=k)
-  plain, plain_schedule = optim.make_optimizer(
-      learning_rate=1e-2, num_train_steps=4, warmup_steps=2)
-  # The schedule counts optimizer updates, not micro-steps.
-  for update in range(5):
-    assert float(accum_schedule(update)) == float(plain_schedule(update))
-
-  micro = [[_grads(10 * r + i, scale=3.0) for i in range(k)] for r in range(3)]
-  params, state = _tiny_params(), accum.init(_tiny_params())
-  for r, grads_list in enumerate(micro):
-    for i, grads in enumerate(grads_list):
-      updates, state = accum.update(grads, state, params)
-      if i < k - 1:  # micro-steps before the k-th apply nothing
-        assert all(float(jnp.abs(u).max()) == 0.0 for u in jax.tree.leaves(updates))
-      params = optax.apply_updates(params, updates)
-  means = [jax.tree.map(lambda *g: sum(g) / k, *grads_list) for grads_list in micro]
-  expected = _run(plain, means)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7),
-               params, expected)
-  # Updates 1 and 2 have a non-zero rate (update 0 is at the start of warmup), so params moved.
-  assert not np.allclose(params["dense"]["kernel"], _tiny_params()["dense"]["kernel"])
-
-
-def test_make_optimizer_rejects_too_few_steps_for_accumulation():
-  with pytest.raises(UserError, match="grad_accum_steps"):
-    optim.make_optimizer(num_train_steps=2, warmup_steps=0, grad_accum_steps=4)

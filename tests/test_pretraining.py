@@ -335,14 +335,14 @@ def test_sequence_length_phases_and_their_position(corpus, tmp_path):
   config.train.update(batch_size=4, long_seq_from_step=3)
   task = pretraining.make_task(config, str(tmp_path))
   assert not os.listdir(tmp_path)  # a given vocabulary: nothing written
-  served = list(zip(range(6), task.train_batches(None)))
+  served = list(zip(range(6), task.batches.train(None)))
   shapes = [(b["input_ids"].shape, b["masked_lm_positions"].shape) for _, (b, _) in served]
   assert shapes == [((4, 32), (4, 5))] * 3 + [((4, 64), (4, 10))] * 3
   assert [p["phase"] for _, (_, p) in served] == [0, 0, 0, 1, 1, 1]  # the phase of each batch
   assert [p["batches"] for _, (_, p) in served] == [1, 2, 3, 4, 5, 6]
   for i in (1, 2, 4):  # resume after batch i (i = 2: right before the switch)
     position = served[i][1][1]
-    resumed = [b for _, (b, _) in zip(range(5 - i), task.train_batches(position))]
+    resumed = [b for _, (b, _) in zip(range(5 - i), task.batches.train(position))]
     for (_, (expected, _)), batch in zip(served[i + 1:], resumed):
       for key in expected:
         np.testing.assert_array_equal(batch[key], expected[key], err_msg=key)

@@ -16,6 +16,7 @@ from bertjax import metrics, tokenization
 from bertjax.data import squad as squad_data
 from bertjax.data import squad_answers
 from bertjax.errors import UserError
+from bertjax import tasks
 from bertjax.tasks import squad
 from bertjax.tokenization import WordPieceTokenizer
 
@@ -415,7 +416,7 @@ def test_squad_v1_learns_and_writes_run_squad_files(model_dir, tok, tmp_path):
   dev_file = _write_squad(tmp_path / "dev.json", rng, 48, 0.0)
   config = _config(model_dir, train_file, dev_file)
   workdir = tmp_path / "run"
-  result = squad.run(config, str(workdir))
+  result = tasks.run(config, str(workdir))
   assert config.train.num_train_steps == 3 * (320 // 16)  # epochs of questions, as run_squad
   dev = json.loads(open(dev_file).read())
   features = squad_data.convert_examples_to_features(
@@ -448,7 +449,7 @@ def test_squad_v2_learns_no_answer(model_dir, tmp_path):
   workdir = tmp_path / "run"
   config = _config(model_dir, train_file, dev_file, "v2.0")
   config.train.num_train_epochs = 6.0  # most windows point at [CLS]: spans come later
-  result = squad.run(config, str(workdir))
+  result = tasks.run(config, str(workdir))
   assert result["HasAns_total"] + result["NoAns_total"] == result["total"] == 48
   assert result["HasAns_total"] > 20 and result["NoAns_total"] > 5
   assert result["HasAns_exact"] > 85 and result["NoAns_exact"] > 85, result
@@ -468,17 +469,17 @@ def test_bad_configs_are_named(model_dir, tmp_path):
   v1_file = _write_squad(tmp_path / "v1.json", rng, 20, 0.0)
   v2_file = _write_squad(tmp_path / "v2.json", rng, 20, 0.5)
   with pytest.raises(UserError, match="set --config.init_checkpoint"):
-    squad.run(_config("", v1_file, v1_file), str(tmp_path / "a"))
+    tasks.run(_config("", v1_file, v1_file), str(tmp_path / "a"))
   with pytest.raises(UserError, match="does not exist"):
-    squad.run(_config(model_dir, str(tmp_path / "nope.json"), v1_file), str(tmp_path / "b"))
+    tasks.run(_config(model_dir, str(tmp_path / "nope.json"), v1_file), str(tmp_path / "b"))
   with pytest.raises(UserError, match="version_2_with_negative=True"):
-    squad.run(_config(model_dir, v1_file, v2_file), str(tmp_path / "c"))
+    tasks.run(_config(model_dir, v1_file, v2_file), str(tmp_path / "c"))
   with pytest.raises(UserError, match="version_2_with_negative=True"):
-    squad.run(_config(model_dir, v2_file, v1_file), str(tmp_path / "d"))
+    tasks.run(_config(model_dir, v2_file, v1_file), str(tmp_path / "d"))
   short = _config(model_dir, v1_file, v1_file)
   short.data.max_query_length = 45
   with pytest.raises(UserError, match="must exceed data.max_query_length"):
-    squad.run(short, str(tmp_path / "e"))
+    tasks.run(short, str(tmp_path / "e"))
   assert not any((tmp_path / d).exists() for d in "abcde")
   from bertjax.configs import squad as squad_config  # pylint: disable=import-outside-toplevel
   assert squad_config.get_config("v2.0").train.learning_rate == 5e-5

@@ -22,6 +22,7 @@ import pytest
 from bertjax import tokenization
 from bertjax.data import swag as swag_data
 from bertjax.errors import UserError
+from bertjax import tasks
 from bertjax.tasks import swag
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -213,7 +214,7 @@ def test_swag_learns_and_writes_predictions(model_dir, swag_dir, tmp_path):
   workdir = tmp_path / "swag"
   config = _config(model_dir, swag_dir)
   config.data.predict_file = str(swag_dir / "test.csv")
-  result = swag.run(config, str(workdir))
+  result = tasks.run(config, str(workdir))
   assert set(result) == {"loss", "accuracy"}
   assert result["accuracy"] > 0.9, result  # chance is 0.25
   saved = json.loads((workdir / "eval_results.json").read_text())
@@ -238,19 +239,19 @@ def test_swag_learns_and_writes_predictions(model_dir, swag_dir, tmp_path):
 
 def test_bad_configs_are_named(model_dir, swag_dir, tmp_path):
   with pytest.raises(UserError, match="set --config.init_checkpoint"):
-    swag.run(_config("", swag_dir), str(tmp_path / "a"))
+    tasks.run(_config("", swag_dir), str(tmp_path / "a"))
   no_train = _config(model_dir, swag_dir)
   no_train.data.train_file = ""
   with pytest.raises(UserError, match="set --config.data.train_file to SWAG's train.csv"):
-    swag.run(no_train, str(tmp_path / "b"))
+    tasks.run(no_train, str(tmp_path / "b"))
   unlabelled = _config(model_dir, swag_dir)
   unlabelled.data.eval_file = str(swag_dir / "test.csv")
   with pytest.raises(UserError, match="data.eval_file=.*test.csv has examples without a label"):
-    swag.run(unlabelled, str(tmp_path / "c"))
+    tasks.run(unlabelled, str(tmp_path / "c"))
   too_long = _config(model_dir, swag_dir)
   too_long.data.max_seq_length = 128
   with pytest.raises(UserError, match="exceeds the model's 64 positions"):
-    swag.run(too_long, str(tmp_path / "d"))
+    tasks.run(too_long, str(tmp_path / "d"))
   assert not any((tmp_path / d).exists() for d in "abcd")
 
 

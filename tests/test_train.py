@@ -1,5 +1,7 @@
 """Tests of bertjax.train and the pretraining loss: overfitting, gradient accumulation,
 data parallelism on 2 devices, and the loss / metric arithmetic (CPU, tiny models)."""
+import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -11,7 +13,7 @@ import numpy as np
 import optax
 import pytest
 
-from bertjax import parallel, train
+from bertjax import bench, flops, parallel, train
 from bertjax.data import pretraining_examples as pe
 from bertjax.data.pipeline import PretrainingBatches
 from bertjax.errors import UserError
@@ -51,32 +53,36 @@ def _task(config, dropout=0.1):
                                      np.random.default_rng(0), SPECIAL, dupe_factor=2)
   batches = PretrainingBatches(examples, batch_size=config.train.batch_size, seed=0,
                                special=SPECIAL, max_predictions_per_seq=4)
-  model = heads.BertForPreTraining(bert.bert_config(
-      "tiny", vocab_size=SPECIAL.vocab_size, dropout_rate=dropout,
-      attention_dropout_rate=dropout, max_position_embeddings=32))
+  model = heads.BertForPreTraining(_bert_config(dropout))
+  return train.Task(model=model, terms=pretraining.make_terms(7),
+                    batches=train.Batches(train=batches.iterate, eval=batches.eval_batches),
+                    score=pretraining.score)
 
-  def init_params(rng, batch):
-    return model.init({"params": rng}, batch["input_ids"], batch["segment_ids"],
-                      batch["input_mask"], batch["masked_lm_positions"],
-                      deterministic=True)["params"]
 
-  return train.Task(
-      init_params=init_params, loss_fn=pretraining.make_loss_fn(model),
-      eval_fn=pretraining.make_eval_fn(model, 7), summarize_eval=pretraining.summarize_eval,
-      train_batches=batches.iterate, eval_batches=batches.eval_batches,
-      init_batch=next(batches.iterate())[0])
+def _bert_config(dropout):
+  return bert.bert_config("tiny", vocab_size=SPECIAL.vocab_size, dropout_rate=dropout,
+                          attention_dropout_rate=dropout, max_position_embeddings=32)
+
+
+def _first_batch(task):
+  return next(task.batches.train(None))[0]
+
+
+def _build(config, task, devices=None):
+  return train.build(config, task, _first_batch(task), devices)
 
 
 def test_tiny_model_overfits_one_batch():
   config = _config(learning_rate=3e-3)
   task = _task(config, dropout=0.0)
-  setup = train.build(config, task)
+  setup = _build(config, task)
   state = setup.init_state()
-  batch = parallel.global_batch(task.init_batch, setup.mesh)
+  batch = parallel.global_batch(_first_batch(task), setup.mesh)
   losses = []
   for _ in range(100):
     state, metrics = setup.train_step(state, batch)
-    losses.append(float(metrics["loss"]))
+    losses.append(float(metrics.compute()["loss"]))
+  metrics = metrics.compute()
   assert losses[0] > 3.0  # ~ln(64) + ln(2) at the start
   assert losses[-1] < 0.1, losses[-10:]
   assert float(metrics["mlm_accuracy"]) == pytest.approx(1.0, abs=1e-5)
@@ -87,12 +93,14 @@ def test_tiny_model_overfits_one_batch():
 def test_metrics_of_a_step():
   config = _config(num_train_steps=10, warmup_steps=5, learning_rate=1e-3)
   task = _task(config)
-  setup = train.build(config, task)
+  setup = _build(config, task)
   state = setup.init_state()
   params_before = jax.device_get(state["params"])
-  state, metrics = setup.train_step(state, parallel.global_batch(task.init_batch, setup.mesh))
+  state, metrics = setup.train_step(state, parallel.global_batch(_first_batch(task), setup.mesh))
+  metrics = metrics.compute()
   assert set(metrics) == {"loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy",
-                          "grad_norm", "param_norm", "learning_rate"}
+                          "frequency_baseline_mlm_accuracy", "grad_norm", "param_norm",
+                          "learning_rate"}
   np.testing.assert_allclose(metrics["loss"], metrics["mlm_loss"] + metrics["nsp_loss"], rtol=1e-6)
   assert float(metrics["learning_rate"]) == 0.0  # step 0 of the warmup
   assert float(metrics["grad_norm"]) > 0
@@ -101,60 +109,78 @@ def test_metrics_of_a_step():
   jax.tree.map(np.testing.assert_array_equal, params_before, jax.device_get(state["params"]))
 
 
-def test_loss_is_weighted_mean_over_masked_positions():
-  """The MLM loss ignores positions of weight 0 and padded examples; exact against numpy."""
-  config = _config()
-  task = _task(config, dropout=0.0)
-  params = task.init_params(jax.random.PRNGKey(0), task.init_batch)
-  batch = dict(task.init_batch)
-  batch["masked_lm_weights"] = batch["masked_lm_weights"].copy()
-  batch["masked_lm_weights"][:, -1] = 0  # drop the last prediction of every row
-  model = heads.BertForPreTraining(bert.bert_config(
-      "tiny", vocab_size=SPECIAL.vocab_size, dropout_rate=0.0, attention_dropout_rate=0.0,
-      max_position_embeddings=32))
-  mlm_logits, nsp_logits = jax.jit(model.apply, static_argnames="deterministic")(
-      {"params": params}, batch["input_ids"], batch["segment_ids"], batch["input_mask"],
-      batch["masked_lm_positions"], deterministic=True)
+def _reference_losses(params, batch):
+  """(MLM mean over the masked positions, NSP mean over the examples) in numpy, from logits."""
+  model = heads.BertForPreTraining(_bert_config(0.0))
+  mlm_logits, nsp_logits = jax.jit(
+      lambda p, b: heads.apply_to_batch(model, p, b, deterministic=True))(params, batch)
   log_probs = np.asarray(jax.nn.log_softmax(mlm_logits))
   w = batch["masked_lm_weights"]
   ce = -np.take_along_axis(log_probs, batch["masked_lm_ids"][..., None], -1)[..., 0]
-  expected_mlm = (ce * w).sum() / (w.sum() + 1e-5)
   nsp_log_probs = np.asarray(jax.nn.log_softmax(nsp_logits))
-  expected_nsp = -nsp_log_probs[np.arange(len(w)), batch["next_sentence_label"]].mean()
-  loss, metrics = jax.jit(task.loss_fn)(params, batch, jax.random.PRNGKey(1))
+  nsp = -nsp_log_probs[np.arange(len(w)), batch["next_sentence_label"]].mean()
+  return (ce * w).sum() / w.sum(), nsp
+
+
+def test_loss_is_weighted_mean_over_masked_positions():
+  """The MLM loss ignores positions of weight 0 and padded examples; exact against numpy."""
+  config = _config(learning_rate=1e-3, warmup_steps=5)  # step 0: learning rate 0
+  task = _task(config, dropout=0.0)
+  setup = _build(config, task)
+  state = setup.init_state()
+  params = jax.device_get(state["params"])
+  batch = dict(_first_batch(task))
+  batch["masked_lm_weights"] = batch["masked_lm_weights"].copy()
+  batch["masked_lm_weights"][:, -1] = 0  # drop the last prediction of every row
+  expected_mlm, expected_nsp = _reference_losses(params, batch)
+  _, metrics = setup.train_step(state, parallel.global_batch(batch, setup.mesh))
+  metrics = metrics.compute()
   np.testing.assert_allclose(metrics["mlm_loss"], expected_mlm, rtol=1e-5)
   np.testing.assert_allclose(metrics["nsp_loss"], expected_nsp, rtol=1e-5)
-  np.testing.assert_allclose(loss, expected_mlm + expected_nsp, rtol=1e-5)
+  np.testing.assert_allclose(metrics["loss"], expected_mlm + expected_nsp, rtol=1e-5)
 
-  # Evaluation: padded rows (example_weight 0) change no sum.
-  eval_fn = jax.jit(task.eval_fn)
-  sums = eval_fn(params, batch)
-  padded = {k: np.concatenate([v, np.zeros_like(v[:3])]) for k, v in batch.items()}
-  padded_sums = eval_fn(params, padded)
-  for key in sums:
-    np.testing.assert_allclose(padded_sums[key], sums[key], rtol=1e-5, err_msg=key)
-  summary = pretraining.summarize_eval({k: float(v) for k, v in sums.items()})
-  np.testing.assert_allclose(summary["mlm_loss"], (ce * w).sum() / w.sum(), rtol=1e-5)
+  # Evaluation: padded rows (example_weight 0) change no total.
+  def totals(b):
+    return train.run_eval_step(setup, params, [b])[0]
+
+  padded = {k: np.concatenate([v, np.zeros_like(v)]) for k, v in batch.items()}
+  padded_setup = train.build(_config(eval_batch_size=16), task, batch)
+  unpadded, with_padding = totals(batch), train.run_eval_step(padded_setup, params, [padded])[0]
+  for key in unpadded:
+    np.testing.assert_allclose(with_padding[key].total, unpadded[key].total, rtol=1e-5)
+    assert with_padding[key].count == unpadded[key].count, key
+  summary = pretraining.score(unpadded, None)
+  w = batch["masked_lm_weights"]
+  np.testing.assert_allclose(summary["mlm_loss"], expected_mlm, rtol=1e-5)
   assert summary["examples"] == len(w)
   expected_baseline = ((batch["masked_lm_ids"] == 7) * w).sum() / w.sum()
   np.testing.assert_allclose(summary["frequency_baseline_mlm_accuracy"], expected_baseline)
+  np.testing.assert_allclose(summary["mlm_perplexity"], np.exp(expected_mlm), rtol=1e-5)
 
 
 def test_gradient_accumulation_matches_one_big_batch():
-  """k micro-batches of B/k give the update of one batch of B (no dropout, equal weights)."""
+  """k micro-batches of B/k give the loss, metrics and update of one batch of B, also when the
+  micro-batches hold different numbers of masked positions (each term is divided by the whole
+  batch's weight, not by each micro-batch's own)."""
+  config = _config(num_train_steps=3)
+  batch = dict(_first_batch(_task(config, dropout=0.0)))
+  weights = batch["masked_lm_weights"].copy()
+  weights[0::2, 1:] = 0  # the rows of micro-batch 0 (every 2nd row) keep one prediction
+  batch["masked_lm_weights"] = weights
+  assert weights[0::2].sum() != weights[1::2].sum()
   results = []
   for k in (1, 2):
     config = _config(grad_accum_steps=k, num_train_steps=3)
     task = _task(config, dropout=0.0)
-    batch = dict(task.init_batch)
-    batch["masked_lm_weights"] = np.ones_like(batch["masked_lm_weights"])  # equal per row
-    setup = train.build(config, task)
+    setup = train.build(config, task, batch)
     state = setup.init_state()
     for _ in range(2):
       state, metrics = setup.train_step(state, parallel.global_batch(batch, setup.mesh))
-    results.append((jax.device_get(state["params"]), float(metrics["loss"])))
-  np.testing.assert_allclose(results[0][1], results[1][1], rtol=1e-5)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
+    results.append((jax.device_get(state["params"]), metrics.compute()))
+  for key in ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "grad_norm"):
+    np.testing.assert_allclose(results[0][1][key], results[1][1][key], rtol=1e-6, err_msg=key)
+  # Adam's update divides by sqrt(v): float rounding of a near-zero gradient shows at 1e-7.
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
                results[0][0], results[1][0])
 
 
@@ -170,22 +196,22 @@ def test_two_devices_match_one_device():
       sys.path.insert(0, {os.path.join(ROOT, 'tests')!r})
       import jax, numpy as np
       assert jax.device_count() == 2, jax.devices()
-      from bertjax import parallel, train
+      from bertjax import bench, flops, parallel, train
       import test_train as t
       results = []
       for devices in (jax.devices()[:1], jax.devices()):
         config = t._config(num_train_steps=3)
         task = t._task(config)  # dropout on: the masks must not depend on the device count
-        setup = train.build(config, task, devices)
+        setup = t._build(config, task, devices)
         state = setup.init_state()
-        batches = task.train_batches(None)
+        batches = task.batches.train(None)
         for _ in range(3):
           batch = parallel.global_batch(next(batches)[0], setup.mesh)
           state, metrics = setup.train_step(state, batch)
         assert len(state["params"]["bert"]["embeddings"]["word_embeddings"]["embedding"]
                    .sharding.device_set) == len(devices)
         assert len(batch["input_ids"].sharding.device_set) == len(devices)
-        results.append((jax.device_get(state["params"]), float(metrics["loss"])))
+        results.append((jax.device_get(state["params"]), float(metrics.compute()["loss"])))
       np.testing.assert_allclose(results[0][1], results[1][1], atol=1e-5, rtol=1e-5)
       jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5),
                    results[0][0], results[1][0])
@@ -202,37 +228,68 @@ def test_two_devices_match_one_device():
 def test_evaluate_sums_over_all_batches():
   config = _config()
   task = _task(config, dropout=0.0)
-  setup = train.build(config, task)
+  setup = _build(config, task)
   state = setup.init_state()
-  summary = train.evaluate(setup, task, state["params"])
-  num_examples = sum(float(b["example_weight"].sum()) for b in task.eval_batches())
+  summary, predictions = train.evaluate(setup, task, state["params"])
+  assert predictions is None  # pretraining predicts nothing
+  num_examples = sum(float(b["example_weight"].sum()) for b in task.batches.eval())
   assert summary["examples"] == num_examples
   assert 0 <= summary["mlm_accuracy"] <= 1 and 0 <= summary["nsp_accuracy"] <= 1
   assert summary["mlm_loss"] > 3.0  # untrained: about ln(64)
-  one = train.evaluate(setup, task, state["params"], max_batches=1)
+  one, _ = train.evaluate(setup, task, state["params"], max_batches=1)
   assert one["examples"] == config.train.eval_batch_size
 
 
+def test_one_forward_pass_per_eval_batch_compiled_once():
+  """Metrics and predictions of an eval batch come from one traced forward pass, and the eval
+  step is traced once for all batches and evaluations."""
+  config = _config(eval_batch_size=8)
+  base = _task(config, dropout=0.0)
+  traced = {"model": 0, "terms": 0, "predict": 0}
+
+  class CountingModel(heads.BertForPreTraining):
+    def __call__(self, *args, **kwargs):
+      traced["model"] += 1
+      return super().__call__(*args, **kwargs)
+
+  def counting(name, fn):
+    def wrapped(*args):
+      traced[name] += 1
+      return fn(*args)
+    return wrapped
+
+  task = dataclasses.replace(
+      base, model=CountingModel(_bert_config(0.0)), terms=counting("terms", base.terms),
+      predict=counting("predict", lambda outputs, batch: {"nsp": outputs[1]}))
+  setup = _build(config, task)
+  params = setup.init_state()["params"]
+  traced.update(model=0, terms=0, predict=0)  # init traced the model
+  for _ in range(2):
+    train.evaluate(setup, task, params)
+  assert len(list(task.batches.eval())) > 1
+  assert traced == {"model": 1, "terms": 1, "predict": 1}, traced
+
+
 def test_predictions_cover_every_real_example_in_order():
-  """predict_fn outputs come back per example, padding rows dropped, in eval order, and
-  score_predictions' metrics join summarize_eval's."""
-  import dataclasses  # pylint: disable=import-outside-toplevel
+  """predict outputs come back per example, padding rows dropped, in eval order, and reach
+  score with the metric totals."""
   config = _config(eval_batch_size=8)
   base = _task(config, dropout=0.0)
   seen = {}
 
-  def score(predictions):
+  def score(totals, predictions):
     seen.update(predictions)
-    return {"first_token_mean": float(np.mean(predictions["first_token"]))}
+    return {"first_token_mean": float(np.mean(predictions["first_token"])),
+            **train.means(totals)}
 
   task = dataclasses.replace(
-      base, predict_fn=lambda params, batch: {"first_token": batch["input_ids"][:, 1],
-                                              "label": batch["next_sentence_label"]},
-      score_predictions=score)
-  setup = train.build(config, task)
+      base, predict=lambda outputs, batch: {"first_token": batch["input_ids"][:, 1],
+                                            "label": batch["next_sentence_label"]},
+      score=score)
+  setup = _build(config, task)
   state = setup.init_state()
-  metrics, predictions = train.evaluate_with_predictions(setup, task, state["params"])
-  batches = list(task.eval_batches())
+  metrics, predictions = train.evaluate(setup, task, state["params"])
+  batches = list(task.batches.eval())
   assert batches[-1]["example_weight"].min() == 0  # the last batch is padded
   real = np.concatenate([b["example_weight"] for b in batches]) > 0
   expected = np.concatenate([b["input_ids"][:, 1] for b in batches])[real]
@@ -242,4 +299,28 @@ def test_predictions_cover_every_real_example_in_order():
   assert metrics["first_token_mean"] == pytest.approx(expected.mean())
   assert "mlm_accuracy" in metrics
   np.testing.assert_array_equal(
-      train.predict(setup, task.eval_batches(), state["params"])["first_token"], expected)
+      train.run_eval_step(setup, state["params"], task.batches.eval())[1]["first_token"],
+      expected)
+
+
+def test_logged_flops_are_the_benchmarks(tmp_path):
+  """The trainer logs, per step, bench.model_flops of the global batch's shapes, and the
+  throughput from it; no MFU on a CPU (its peak is unknown)."""
+  config = _config(num_train_steps=2, log_every_steps=1, eval_every_steps=2,
+                   checkpoint_every_steps=2)
+  task = _task(config, dropout=0.0)
+  train.train_and_evaluate(config, str(tmp_path), task)
+  records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  train_records = [r for r in records if r["split"] == "train"]
+  assert [r["step"] for r in train_records] == [1, 2]
+  batch = _first_batch(task)
+  expected = bench.model_flops(task.model.config, *batch["input_ids"].shape,
+                               batch["masked_lm_positions"].shape[1])
+  for record in train_records:
+    assert record["model_flops_per_step"] == expected
+    assert record["model_tflops_per_device"] > 0 and record["tokens_per_second"] > 0
+    assert "mfu" not in record
+  assert flops.peak_flops("NVIDIA H100 80GB HBM3", "bfloat16") == 989e12
+  assert flops.peak_flops("TPU v5 lite", "bfloat16") == 197e12
+  assert flops.peak_flops("TPU v5p", "bfloat16") == 459e12
+  assert flops.peak_flops("cpu", "float32") is None

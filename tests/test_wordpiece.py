@@ -275,9 +275,9 @@ def test_pretraining_runs_on_a_wordpiece_vocabulary(vocab_file, tmp_path):
   config.train.update(batch_size=4, eval_batch_size=4, num_train_steps=2, warmup_steps=0)
   task = pretraining.make_task(config, str(tmp_path / "workdir"))
   wordpiece = tokenization.load_tokenizer(vocab_file)
-  batch = task.init_batch
+  batch = next(task.batches.train(None))[0]
   assert (batch["input_ids"][:, 0] == wordpiece.cls_id).all() and wordpiece.cls_id == 101
   assert batch["input_ids"].max() < wordpiece.vocab_size
-  setup = train.build(config, task)
+  setup = train.build(config, task, batch)
   _, metrics = setup.train_step(setup.init_state(), parallel.global_batch(batch, setup.mesh))
-  assert np.isfinite(float(metrics["loss"]))
+  assert np.isfinite(float(metrics.compute()["loss"]))

@@ -32,6 +32,9 @@ Fine-tuning models (N = num_labels); each head is dropout (`dropout_rate`) then 
 
 These are the architectures of Hugging Face's classes of the same names, so converted weights
 give the same logits (`bertjax.convert.hf`).
+
+Every `BertFor*` model names the batch keys its `__call__` takes in `batch_keys`, so the trainer
+calls any of them on a batch dict the same way (`apply_to_batch`).
 """
 from __future__ import annotations
 
@@ -41,6 +44,32 @@ import jax.numpy as jnp
 
 from bertjax.models import bert
 from bertjax.models.bert import BertConfig
+
+# The inputs of every BertFor* model, in the order of its __call__'s arguments.
+INPUT_KEYS = ("input_ids", "segment_ids", "input_mask")
+
+
+def apply_to_batch(model: nn.Module, params, batch, *, deterministic: bool,
+                   rngs: dict | None = None):
+  """`model`'s outputs on a batch dict: model(*(batch[k] for k in model.batch_keys)).
+
+  Args:
+    model: a BertFor* module.
+    params: its "params" collection.
+    batch: {key: array}, with at least the model's batch_keys ([batch, seq] int32 inputs).
+    deterministic: no dropout when True; else rngs must hold a 'dropout' key.
+  Returns:
+    what the model returns (logits, or a tuple of logits).
+  """
+  return model.apply({"params": params}, *(batch[k] for k in model.batch_keys),
+                     deterministic=deterministic, rngs=rngs)
+
+
+def init_from_batch(model: nn.Module, rng: jax.Array, batch):
+  """A BertFor* model's freshly initialised "params" (with logical axis boxes) for `batch`'s
+  shapes."""
+  return model.init({"params": rng}, *(batch[k] for k in model.batch_keys),
+                    deterministic=True)["params"]
 
 
 def gather_positions(sequence: jax.Array, positions: jax.Array) -> jax.Array:
@@ -107,6 +136,7 @@ class NextSentence(nn.Module):
 class BertForPreTraining(nn.Module):
   """BertEncoder ('bert') + MaskedLM ('masked_lm', tied) + NextSentence ('next_sentence')."""
   config: BertConfig
+  batch_keys = INPUT_KEYS + ("masked_lm_positions",)
 
   @nn.compact
   def __call__(self, input_ids: jax.Array, segment_ids: jax.Array, input_mask: jax.Array,
@@ -181,6 +211,7 @@ class MultipleChoice(nn.Module):
 
 class BertForSequenceClassification(nn.Module):
   """BertEncoder ('bert') + SequenceClassification ('sequence_classification'): GLUE."""
+  batch_keys = INPUT_KEYS
   config: BertConfig
   num_labels: int
 
@@ -196,6 +227,7 @@ class BertForSequenceClassification(nn.Module):
 
 class BertForTokenClassification(nn.Module):
   """BertEncoder without pooler ('bert') + TokenTagging ('token_tagging'): NER."""
+  batch_keys = INPUT_KEYS
   config: BertConfig
   num_labels: int
 
@@ -211,6 +243,7 @@ class BertForTokenClassification(nn.Module):
 
 class BertForQuestionAnswering(nn.Module):
   """BertEncoder without pooler ('bert') + Span ('span'): SQuAD."""
+  batch_keys = INPUT_KEYS
   config: BertConfig
 
   @nn.compact
@@ -228,6 +261,7 @@ class BertForMultipleChoice(nn.Module):
   Each choice is one [CLS] context [SEP] ending [SEP] sequence; the choices of an example are
   encoded as separate sequences and scored against each other.
   """
+  batch_keys = INPUT_KEYS
   config: BertConfig
 
   @nn.compact

@@ -1,24 +1,95 @@
-"""What every fine-tuning task does alike: the pretrained model it starts from, the batches of
-its features, and a run measured in epochs.
+"""One fine-tuning task for every dataset: a pretrained BERT, a head, and a `Spec` that says what
+differs (GLUE, SQuAD, NER and SWAG are each one spec module, bertjax/tasks/{glue,squad,ner,
+swag}.py).
 
-A fine-tuning config has `init_checkpoint` (required), `model.{dropout_rate,
-attention_dropout_rate, dtype}`, `data.max_seq_length` and `train.{batch_size, eval_batch_size,
-num_train_epochs, warmup_proportion, eval_every_steps, checkpoint_every_steps}` (configs/glue.py).
+A new fine-tuning task is a spec plus a config of a few lines over configs/finetuning.py:
+
+  SPEC = finetuning.Spec(
+      name="my task", read=read, model=lambda bert_config, data: heads.BertForSequenceClassification(
+          bert_config, data.num_labels),
+      terms=terms, predict=predict, score=score, write=write)
+  finetuning.run(SPEC, config, workdir)     # or a line in bertjax/tasks/__init__.py's REGISTRY
+
+What this module does for every spec: it loads `config.init_checkpoint`'s model directory (its
+bert_config.json with this run's dropout and dtype, and its tokenizer), reads the data through
+the spec, batches the features (shuffled for training, in order and padded for evaluation),
+measures the run in epochs (train.num_train_epochs; num_train_steps and warmup_steps are derived
+only when left at -1), reports the eval loss next to the spec's scores, and hands the trainer one
+`train.Task`. The fine-tuned workdir gets bert_config.json and the tokenizer, so it is a model
+directory in turn.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
 from collections.abc import Mapping
+from typing import Any, Callable
 
+import flax.linen as nn
 import jax
 import ml_collections
 import numpy as np
+from etils import epath
 
-from bertjax import model_files, tokenization
+from bertjax import model_files, tokenization, train
 from bertjax.data.pipeline import FeatureBatches
 from bertjax.errors import UserError
 from bertjax.models.bert import BertConfig
+
+Features = Mapping[str, np.ndarray]  # {key: [N, ...]}, every key with the same N
+
+
+@dataclasses.dataclass(frozen=True)
+class Data:
+  """What a spec's `read` returns.
+
+  Attributes:
+    train: the training features with their labels (input_ids, segment_ids, input_mask
+      [N, seq] int32 or [N, choices, seq], and the label keys the spec's terms read).
+    eval: the features scored at every evaluation.
+    predict: {set name: features} predicted after the last step (e.g. a test split).
+    num_labels: the head's outputs, for `Spec.model`.
+    examples_per_epoch: what an epoch counts (SQuAD: questions, not windows); None: the rows
+      of `train`.
+    files: workdir files of the task (e.g. labels.json), written with bert_config.json.
+    context: whatever `score` and `write` need (the examples, their windows, the label names).
+    summary: one line that describes the data, printed at the start.
+  """
+  train: Features
+  eval: Features
+  predict: Mapping[str, Features] = dataclasses.field(default_factory=dict)
+  num_labels: int = 0
+  examples_per_epoch: int | None = None
+  files: Mapping[str, str | bytes] = dataclasses.field(default_factory=dict)
+  context: Any = None
+  summary: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+  """A fine-tuning task: everything that differs between two of them.
+
+  Attributes:
+    name: the task in words, for messages (e.g. "GLUE fine-tuning").
+    read: (config, tokenizer, workdir) -> Data; raises UserError on bad files or fields.
+    model: (bert_config, data) -> a heads.BertFor* model.
+    terms: (model outputs, batch) -> train.Terms, traced in jit: "loss" is the objective; e.g.
+      {"loss": (cross-entropy [batch], batch["example_weight"]), "accuracy": (hits, weights)}.
+      A batch without labels (predict sets, SQuAD's eval windows) may give {}.
+    predict: (model outputs, batch) -> {name: [batch, ...]} per-example predictions.
+    score: (data, predictions {name: [N, ...]} of the eval set) -> the task's metrics (e.g.
+      GLUE's, SQuAD's official scores). The eval loss is reported beside them when the eval
+      batches have labels.
+    write: (data, set name, predictions, workdir) -> None: the official output files; "eval" is
+      the last evaluation's set, the others are Data.predict's.
+  """
+  name: str
+  read: Callable[[ml_collections.ConfigDict, tokenization.Tokenizer, str], Data]
+  model: Callable[[BertConfig, Data], nn.Module]
+  terms: Callable[[Any, Mapping[str, Any]], train.Terms]
+  predict: Callable[[Any, Mapping[str, Any]], dict[str, Any]]
+  score: Callable[[Data, dict[str, np.ndarray]], dict[str, float]]
+  write: Callable[[Data, str, dict[str, np.ndarray], epath.Path], None]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,15 +139,7 @@ def load_pretrained(config: ml_collections.ConfigDict, what: str) -> Pretrained:
   return Pretrained(model_dir, bert_config, tokenizer, files)
 
 
-def check_batch_sizes(config: ml_collections.ConfigDict) -> None:
-  """The global batch sizes must split evenly over the hosts (UserError if not)."""
-  tr, hosts = config.train, jax.process_count()
-  if tr.batch_size % hosts or tr.eval_batch_size % hosts:
-    raise UserError(f"train.batch_size={tr.batch_size} and train.eval_batch_size="
-                    f"{tr.eval_batch_size} must divide over {hosts} hosts.")
-
-
-def feature_batches(config: ml_collections.ConfigDict, features: Mapping[str, np.ndarray], *,
+def feature_batches(config: ml_collections.ConfigDict, features: Features, *,
                     training: bool) -> FeatureBatches:
   """This host's batches of `features`: train.batch_size, shuffled, for training; else
   train.eval_batch_size in order (for evaluation and prediction)."""
@@ -87,13 +150,51 @@ def feature_batches(config: ml_collections.ConfigDict, features: Mapping[str, np
 
 
 def set_schedule(config: ml_collections.ConfigDict, steps_per_epoch: int) -> None:
-  """Sets train.num_train_steps from num_train_epochs, warmup_steps from warmup_proportion, and
-  eval/checkpoint intervals left at -1 to one epoch (the written config.json shows them)."""
+  """Derives what the config leaves at -1: train.num_train_steps from num_train_epochs,
+  warmup_steps from warmup_proportion, eval/checkpoint intervals as one epoch (the written
+  config.json shows them). Values the user set are kept."""
   tr = config.train
   with config.unlocked():
-    tr.num_train_steps = max(1, math.ceil(tr.num_train_epochs * steps_per_epoch))
-    tr.warmup_steps = int(tr.warmup_proportion * tr.num_train_steps)
+    if tr.num_train_steps < 0:
+      tr.num_train_steps = max(1, math.ceil(tr.num_train_epochs * steps_per_epoch))
+    if tr.warmup_steps < 0:
+      tr.warmup_steps = int(tr.warmup_proportion * tr.num_train_steps)
     if tr.eval_every_steps < 1:
       tr.eval_every_steps = steps_per_epoch
     if tr.checkpoint_every_steps < 1:
       tr.checkpoint_every_steps = steps_per_epoch
+
+
+def make_task(spec: Spec, config: ml_collections.ConfigDict, workdir: str) -> train.Task:
+  """Reads the data through `spec` and builds the trainer's Task; sets the run's schedule in
+  `config` (see set_schedule)."""
+  pretrained = load_pretrained(config, spec.name)
+  data = spec.read(config, pretrained.tokenizer, workdir)
+  train_batches = feature_batches(config, data.train, training=True)
+  eval_batches = feature_batches(config, data.eval, training=False)
+  steps_per_epoch = train_batches.steps_per_epoch
+  if data.examples_per_epoch is not None:
+    steps_per_epoch = max(1, data.examples_per_epoch // config.train.batch_size)
+  set_schedule(config, steps_per_epoch)
+  predict_sets = {name: feature_batches(config, features, training=False).eval_batches
+                  for name, features in data.predict.items()}
+
+  def score(totals, predictions):
+    loss = {"loss": float(totals["loss"].compute())} if "loss" in totals else {}
+    return {**loss, **spec.score(data, predictions)}
+
+  print(f"{data.summary} ({steps_per_epoch} steps per epoch, {config.train.num_train_steps} "
+        "steps)")
+  return train.Task(
+      model=spec.model(pretrained.bert_config, data), terms=spec.terms,
+      batches=train.Batches(train=train_batches.iterate, eval=eval_batches.eval_batches,
+                            predict=predict_sets),
+      predict=spec.predict, score=score,
+      write=lambda name, predictions, directory: spec.write(data, name, predictions, directory),
+      files={**pretrained.files, **data.files})
+
+
+def run(spec: Spec, config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+  """Fine-tunes as `spec` and the config say; returns the last evaluation's metrics."""
+  train.make_checked_mesh(config)  # fail on batch sizes before reading anything
+  return train.train_and_evaluate(config, workdir, make_task(spec, config, workdir))

@@ -1,4 +1,5 @@
-"""GLUE fine-tuning: a sentence (pair) classifier or regressor on a pretrained BERT (paper 4.1).
+"""GLUE fine-tuning (a `finetuning.Spec`): a sentence (pair) classifier or regressor on a
+pretrained BERT (paper 4.1).
 
   python -m bertjax.main --config=configs/glue.py --workdir=DIR --config.task=mrpc \
       --config.init_checkpoint=CKPT --config.data.glue_dir=GLUE_DIR
@@ -27,7 +28,7 @@ import numpy as np
 import optax
 from etils import epath
 
-from bertjax import metrics, train
+from bertjax import metrics, tokenization
 from bertjax.data import glue as glue_data
 from bertjax.errors import UserError
 from bertjax.models import heads
@@ -57,47 +58,67 @@ def read_split(config: ml_collections.ConfigDict, task: glue_data.GlueTask,
   return glue_data.read_tfds_examples(task.name, split, config.data.tfds_data_dir or None)
 
 
-def make_loss_fn(model: heads.BertForSequenceClassification, regression: bool):
-  """(params, batch, rng) -> (mean loss, {"accuracy"} or {}), dropout on."""
-
-  def loss_fn(params, batch, rng):
-    logits = model.apply({"params": params}, batch["input_ids"], batch["segment_ids"],
-                         batch["input_mask"], deterministic=False, rngs={"dropout": rng})
-    if regression:  # [batch, 1] -> [batch]
-      return jnp.mean(jnp.square(logits[:, 0] - batch["label"])), {}
-    loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"]).mean()
-    return loss, {"accuracy": jnp.mean(jnp.argmax(logits, -1) == batch["label"])}
-
-  return loss_fn
+def check_splits(task: glue_data.GlueTask, eval_split: str, predict_splits: list[str]) -> None:
+  """UserError unless the splits exist; only MNLI predicts ax (its labels are MNLI's)."""
+  if "ax" in predict_splits and task.name != "mnli":
+    raise UserError(f"ax (GLUE's diagnostic set) is labelled with MNLI's classes, so only an "
+                    f"MNLI model predicts it; drop ax from --config.data.predict_splits for "
+                    f"{task.name}.")
+  for split in [eval_split] + [s for s in predict_splits if s != "ax"]:
+    if split not in task.splits:
+      raise UserError(f"{task.name} has no split {split!r}; it has {list(task.splits)}.")
 
 
-def make_eval_fns(model: heads.BertForSequenceClassification, regression: bool):
-  """(eval_fn: sums of the loss over real examples, predict_fn: per-example predictions)."""
+def read(config: ml_collections.ConfigDict, tokenizer: tokenization.Tokenizer,
+         workdir: str) -> finetuning.Data:
+  """Reads and encodes the training, eval and predict splits of the GLUE task config.task."""
+  del workdir  # nothing of GLUE is kept there
+  task = glue_task(config)
+  data = config.data
+  eval_split = data.eval_split or ("dev_matched" if task.name == "mnli" else "dev")
+  predict_splits = [s.strip() for s in data.predict_splits.split(",") if s.strip()]
+  check_splits(task, eval_split, predict_splits)
 
-  def logits_of(params, batch):
-    return model.apply({"params": params}, batch["input_ids"], batch["segment_ids"],
-                       batch["input_mask"], deterministic=True)  # [batch, num_labels]
+  def encode(examples):
+    return glue_data.encode_examples(examples, task, tokenizer, data.max_seq_length)
 
-  def eval_fn(params, batch):
-    logits, weight = logits_of(params, batch), batch["example_weight"]
-    if regression:
-      losses = jnp.square(logits[:, 0] - batch["label"])
-    else:
-      losses = optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"])
-    return {"loss_sum": jnp.sum(losses * weight), "examples": jnp.sum(weight)}
-
-  def predict_fn(params, batch):
-    logits = logits_of(params, batch)
-    out = {"prediction": logits[:, 0] if regression else jnp.argmax(logits, -1)}
-    if "label" in batch:
-      out["label"] = batch["label"]
-    return out
-
-  return eval_fn, predict_fn
+  examples = {split: read_split(config, task, split)
+              for split in dict.fromkeys(["train", eval_split] + predict_splits)}
+  eval_features = encode(examples[eval_split])
+  if "label" not in eval_features:
+    raise UserError(f"the {eval_split} split of {task.name} has no labels; set "
+                    "--config.data.eval_split to a labelled split (e.g. dev).")
+  return finetuning.Data(
+      train=encode(examples["train"]), eval=eval_features,
+      predict={split: encode(examples[split]) for split in predict_splits},
+      num_labels=task.num_labels, context=(task, examples, eval_split),
+      summary=f"glue/{task.name}: {len(examples['train'])} training examples, "
+              f"{len(examples[eval_split])} {eval_split} examples, {task.num_labels} "
+              f"{'output' if task.is_regression else 'labels'}")
 
 
-def summarize_eval(sums: dict[str, float]) -> dict[str, float]:
-  return {"loss": sums["loss_sum"] / max(sums["examples"], 1.0)}
+def terms(logits, batch):
+  """Mean squared error for a regression (one output, STS-B), else cross-entropy and accuracy;
+  logits [batch, num_labels]."""
+  label, weight = batch["label"], batch["example_weight"]
+  if logits.shape[-1] == 1:
+    return {"loss": (jnp.square(logits[:, 0] - label), weight)}
+  return {"loss": (optax.softmax_cross_entropy_with_integer_labels(logits, label), weight),
+          "accuracy": (jnp.argmax(logits, -1) == label, weight)}
+
+
+def predict(logits, batch):
+  """The predicted score (regression) or class id of each example, with its label if any."""
+  out = {"prediction": logits[:, 0] if logits.shape[-1] == 1 else jnp.argmax(logits, -1)}
+  if "label" in batch:
+    out["label"] = batch["label"]
+  return out
+
+
+def score(data: finetuning.Data, predictions: dict[str, np.ndarray]) -> dict[str, float]:
+  """GLUE's metrics of the task (bertjax.metrics.glue_metrics)."""
+  task = data.context[0]
+  return metrics.glue_metrics(task.name, predictions["label"], predictions["prediction"])
 
 
 def write_eval_predictions(task: glue_data.GlueTask, examples: Sequence[glue_data.Example],
@@ -110,74 +131,23 @@ def write_eval_predictions(task: glue_data.GlueTask, examples: Sequence[glue_dat
   path.write_text("\n".join(rows) + "\n")
 
 
-def make_task(config: ml_collections.ConfigDict, workdir: str) -> train.Task:
-  """Reads the GLUE splits, encodes them and builds the fine-tuning Task; sets the run's
-  num_train_steps, warmup_steps and (if -1) eval/checkpoint intervals in `config`."""
-  task = glue_task(config)
-  finetuning.check_batch_sizes(config)
-  model = finetuning.load_pretrained(config, "GLUE fine-tuning")
-  data, tr = config.data, config.train
-  eval_split = data.eval_split or ("dev_matched" if task.name == "mnli" else "dev")
-  predict_splits = [s.strip() for s in data.predict_splits.split(",") if s.strip()]
-  for split in [eval_split] + [s for s in predict_splits if s != "ax"]:
-    if split not in task.splits:
-      raise UserError(f"{task.name} has no split {split!r}; it has {list(task.splits)}.")
-
-  def encode(examples):
-    return glue_data.encode_examples(examples, task, model.tokenizer, data.max_seq_length)
-
-  train_examples = read_split(config, task, "train")
-  eval_examples = read_split(config, task, eval_split)
-  train_features, eval_features = encode(train_examples), encode(eval_examples)
-  if "label" not in eval_features:
-    raise UserError(f"the {eval_split} split of {task.name} has no labels; set "
-                    "--config.data.eval_split to a labelled split (e.g. dev).")
-
-  train_batches = finetuning.feature_batches(config, train_features, training=True)
-  eval_batches = finetuning.feature_batches(config, eval_features, training=False)
-  steps_per_epoch = train_batches.steps_per_epoch
-  finetuning.set_schedule(config, steps_per_epoch)
-
-  predict_examples = {split: read_split(config, task, split) for split in predict_splits}
-  predict_sets = {
-      split: finetuning.feature_batches(config, encode(examples), training=False).eval_batches
-      for split, examples in predict_examples.items()}
-  classifier = heads.BertForSequenceClassification(model.bert_config, task.num_labels)
-  eval_fn, predict_fn = make_eval_fns(classifier, task.is_regression)
-
-  def init_params(rng, batch):
-    return classifier.init({"params": rng}, batch["input_ids"], batch["segment_ids"],
-                      batch["input_mask"], deterministic=True)["params"]
-
-  def score_predictions(predictions: dict[str, np.ndarray]) -> dict[str, float]:
-    return metrics.glue_metrics(task.name, predictions["label"], predictions["prediction"])
-
-  def write_predictions(split: str, predictions: dict[str, np.ndarray],
-                        directory: epath.Path) -> None:
-    if split == "eval":
-      write_eval_predictions(task, eval_examples, predictions,
-                             directory / EVAL_PREDICTIONS_FILE)
-      return
-    submission_task = glue_data.TASKS["ax"] if split == "ax" else task
-    submission_split = "test" if split == "ax" else split
-    name = glue_data.SUBMISSION_FILES[(submission_task.name, submission_split)]
-    glue_data.write_submission(submission_task, submission_split, predict_examples[split],
-                               predictions["prediction"], str(directory / name))
-
-  print(f"glue/{task.name}: {len(train_examples)} training examples ({steps_per_epoch} steps "
-        f"per epoch, {tr.num_train_steps} steps), {len(eval_examples)} {eval_split} examples, "
-        f"{task.num_labels} {'output' if task.is_regression else 'labels'}")
-  return train.Task(
-      init_params=init_params, loss_fn=make_loss_fn(classifier, task.is_regression),
-      eval_fn=eval_fn, summarize_eval=summarize_eval,
-      train_batches=train_batches.iterate, eval_batches=eval_batches.eval_batches,
-      init_batch=next(train_batches.iterate(None))[0],
-      files=model.files,
-      predict_fn=predict_fn, score_predictions=score_predictions, predict_sets=predict_sets,
-      write_predictions=write_predictions, head="sequence_classification")
+def write(data: finetuning.Data, split: str, predictions: dict[str, np.ndarray],
+          directory: epath.Path) -> None:
+  """The dev predictions (eval_predictions.tsv) or a GLUE leaderboard file (e.g. MRPC.tsv)."""
+  task, examples, eval_split = data.context
+  if split == "eval":
+    write_eval_predictions(task, examples[eval_split], predictions,
+                           directory / EVAL_PREDICTIONS_FILE)
+    return
+  submission_task = glue_data.TASKS["ax"] if split == "ax" else task
+  submission_split = "test" if split == "ax" else split
+  name = glue_data.SUBMISSION_FILES[(submission_task.name, submission_split)]
+  glue_data.write_submission(submission_task, submission_split, examples[split],
+                             predictions["prediction"], str(directory / name))
 
 
-def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
-  """Fine-tunes on the GLUE task `config.task`; returns the last dev evaluation."""
-  train.make_checked_mesh(config)
-  return train.train_and_evaluate(config, workdir, make_task(config, workdir))
+SPEC = finetuning.Spec(
+    name="GLUE fine-tuning", read=read,
+    model=lambda bert_config, data: heads.BertForSequenceClassification(bert_config,
+                                                                        data.num_labels),
+    terms=terms, predict=predict, score=score, write=write)

@@ -1,4 +1,4 @@
-"""Named-entity recognition fine-tuning on CoNLL-2003 (the paper, section 5.3).
+"""Named-entity recognition fine-tuning on CoNLL-2003 (the paper, section 5.3): a `finetuning.Spec`.
 
   python -m bertjax.main --config=configs/ner.py --workdir=DIR \
       --config.init_checkpoint=CKPT --config.data.data_dir=CONLL_DIR \
@@ -30,7 +30,7 @@ import numpy as np
 import optax
 from etils import epath
 
-from bertjax import metrics, train
+from bertjax import metrics, tokenization
 from bertjax.data import ner as ner_data
 from bertjax.errors import UserError
 from bertjax.models import heads
@@ -87,53 +87,10 @@ def labels_for(workdir: str, train_sentences: list[ner_data.Sentence], source: s
   return labels
 
 
-def make_loss_fn(model: heads.BertForTokenClassification):
-  """(params, batch, rng) -> (mean loss over first sub-tokens, {"accuracy"}), dropout on."""
-
-  def loss_fn(params, batch, rng):
-    logits = model.apply({"params": params}, batch["input_ids"], batch["segment_ids"],
-                         batch["input_mask"], deterministic=False, rngs={"dropout": rng})
-    weights = batch["label_weights"]  # [batch, seq]
-    losses = optax.softmax_cross_entropy_with_integer_labels(logits, batch["label_ids"])
-    count = jnp.maximum(jnp.sum(weights), 1.0)
-    correct = (jnp.argmax(logits, -1) == batch["label_ids"]) * weights
-    return jnp.sum(losses * weights) / count, {"accuracy": jnp.sum(correct) / count}
-
-  return loss_fn
-
-
-def make_eval_fns(model: heads.BertForTokenClassification):
-  """(eval_fn: loss sums over first sub-tokens, predict_fn: per-token predicted class ids)."""
-
-  def logits_of(params, batch):  # [batch, seq, num_labels]
-    return model.apply({"params": params}, batch["input_ids"], batch["segment_ids"],
-                       batch["input_mask"], deterministic=True)
-
-  def eval_fn(params, batch):
-    weights = batch["label_weights"] * batch["example_weight"][:, None]  # [batch, seq]
-    losses = optax.softmax_cross_entropy_with_integer_labels(logits_of(params, batch),
-                                                             batch["label_ids"])
-    return {"loss_sum": jnp.sum(losses * weights), "tokens": jnp.sum(weights)}
-
-  def predict_fn(params, batch):
-    return {"prediction": jnp.argmax(logits_of(params, batch), -1).astype(jnp.int32),
-            "label_weights": batch["label_weights"]}  # both [batch, seq]
-
-  return eval_fn, predict_fn
-
-
-def summarize_eval(sums: dict[str, float]) -> dict[str, float]:
-  return {"loss": sums["loss_sum"] / max(sums["tokens"], 1.0)}
-
-
-def make_task(config: ml_collections.ConfigDict, workdir: str) -> train.Task:
-  """Reads the CoNLL files, encodes them and builds the fine-tuning Task; sets the run's
-  num_train_steps, warmup_steps and (if -1) eval/checkpoint intervals in `config`."""
-  finetuning.check_batch_sizes(config)
-  pretrained_model = finetuning.load_pretrained(
-      config, "NER fine-tuning (a cased model suits NER)")
-  data, tr = config.data, config.train
-
+def read(config: ml_collections.ConfigDict, tokenizer: tokenization.Tokenizer,
+         workdir: str) -> finetuning.Data:
+  """Reads the CoNLL files and encodes them into first-sub-token-labelled windows."""
+  data = config.data
   train_file, dev_file = data_path(config, data.train_file), eval_path(config)
   train_sentences = ner_data.read_conll(train_file, data.label_column)
   labels = labels_for(workdir, train_sentences, train_file)
@@ -141,66 +98,69 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> train.Task:
   if eval_sentences[0].tags is None:
     raise UserError(f"{dev_file} has no tags; data.eval_file must be a tagged dev file.")
   predict_file = data_path(config, data.predict_file) if data.predict_file else ""
-  predict_sentences = (ner_data.read_conll(predict_file, data.label_column)
-                       if predict_file else [])
+  sets = {"eval": (eval_sentences, dev_file)}
+  if predict_file:
+    sets["test"] = (ner_data.read_conll(predict_file, data.label_column), predict_file)
 
   def encode(sentences, source):
-    return ner_data.encode_sentences(sentences, labels, pretrained_model.tokenizer,
-                                     data.max_seq_length, source)
+    return ner_data.encode_sentences(sentences, labels, tokenizer, data.max_seq_length, source)
 
   train_features, _ = encode(train_sentences, train_file)
-  eval_features, eval_windows = encode(eval_sentences, dev_file)
-
-  train_batches = finetuning.feature_batches(config, train_features, training=True)
-  eval_batches = finetuning.feature_batches(config, eval_features, training=False)
-  steps_per_epoch = train_batches.steps_per_epoch
-  finetuning.set_schedule(config, steps_per_epoch)
-
-  predict_sets, predict_windows = {}, []
-  if predict_sentences:
-    predict_features, predict_windows = encode(predict_sentences, predict_file)
-    predict_sets["test"] = finetuning.feature_batches(config, predict_features,
-                                                      training=False).eval_batches
-  model = heads.BertForTokenClassification(pretrained_model.bert_config, len(labels))
-  eval_fn, predict_fn = make_eval_fns(model)
-
-  def init_params(rng, batch):
-    return model.init({"params": rng}, batch["input_ids"], batch["segment_ids"],
-                      batch["input_mask"], deterministic=True)["params"]
-
-  def word_tags(windows, sentences, predictions):
-    return ner_data.tags_of_words(windows, sentences, predictions["prediction"],
-                                  predictions["label_weights"], labels)
-
-  def score_predictions(predictions: dict[str, np.ndarray]) -> dict[str, float]:
-    return score_sentences(eval_sentences, word_tags(eval_windows, eval_sentences, predictions))
-
-  def write_predictions(split: str, predictions: dict[str, np.ndarray],
-                        directory: epath.Path) -> None:
-    if split == "eval":
-      ner_data.write_conll(eval_sentences, word_tags(eval_windows, eval_sentences, predictions),
-                           str(directory / EVAL_PREDICTIONS_FILE))
-      return
-    predicted = word_tags(predict_windows, predict_sentences, predictions)
-    ner_data.write_conll(predict_sentences, predicted, str(directory / TEST_PREDICTIONS_FILE))
-    if predict_sentences[0].tags is not None:
-      scores = score_sentences(predict_sentences, predicted)
-      (directory / TEST_RESULTS_FILE).write_text(json.dumps(scores, indent=2) + "\n")
-      print(f"{predict_file}: " + ", ".join(f"{k}={v:.4f}" for k, v in scores.items()))
-
-  print(f"ner: {len(train_sentences)} training sentences ({len(train_features['input_ids'])} "
-        f"rows, {steps_per_epoch} steps per epoch, {tr.num_train_steps} steps), "
-        f"{len(eval_sentences)} dev sentences, {len(labels)} labels: {' '.join(labels)}")
-  return train.Task(
-      init_params=init_params, loss_fn=make_loss_fn(model), eval_fn=eval_fn,
-      summarize_eval=summarize_eval, train_batches=train_batches.iterate,
-      eval_batches=eval_batches.eval_batches, init_batch=next(train_batches.iterate(None))[0],
-      files={**pretrained_model.files, LABELS_FILE: json.dumps(labels) + "\n"},
-      predict_fn=predict_fn, score_predictions=score_predictions, predict_sets=predict_sets,
-      write_predictions=write_predictions, head="token_tagging")
+  encoded = {name: encode(*sentences_and_source) for name, sentences_and_source in sets.items()}
+  # context: {set name: (sentences, windows, source)} and the labels, for scoring and writing
+  context = ({name: (sets[name][0], encoded[name][1], sets[name][1]) for name in sets}, labels)
+  return finetuning.Data(
+      train=train_features, eval=encoded["eval"][0],
+      predict={name: features for name, (features, _) in encoded.items() if name != "eval"},
+      num_labels=len(labels), files={LABELS_FILE: json.dumps(labels) + "\n"}, context=context,
+      summary=f"ner: {len(train_sentences)} training sentences "
+              f"({len(train_features['input_ids'])} rows), {len(eval_sentences)} dev sentences, "
+              f"{len(labels)} labels: {' '.join(labels)}")
 
 
-def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
-  """Fine-tunes a token tagger on CoNLL-format data; returns the last dev evaluation."""
-  train.make_checked_mesh(config)
-  return train.train_and_evaluate(config, workdir, make_task(config, workdir))
+def terms(logits, batch):
+  """Cross-entropy and accuracy over each word's first sub-token (label_weights [batch, seq]);
+  logits [batch, seq, num_labels]."""
+  weights = batch["label_weights"]
+  return {"loss": (optax.softmax_cross_entropy_with_integer_labels(logits, batch["label_ids"]),
+                   weights),
+          "accuracy": (jnp.argmax(logits, -1) == batch["label_ids"], weights)}
+
+
+def predict(logits, batch):
+  """Each token's predicted class id and which tokens carry a word's tag (both [batch, seq])."""
+  return {"prediction": jnp.argmax(logits, -1).astype(jnp.int32),
+          "label_weights": batch["label_weights"]}
+
+
+def _word_tags(data: finetuning.Data, name: str, predictions: dict[str, np.ndarray]):
+  """(sentences, one predicted tag per word of each) of set `name`."""
+  (sentences, windows, _), labels = data.context[0][name], data.context[1]
+  return sentences, ner_data.tags_of_words(windows, sentences, predictions["prediction"],
+                                           predictions["label_weights"], labels)
+
+
+def score(data: finetuning.Data, predictions: dict[str, np.ndarray]) -> dict[str, float]:
+  """seqeval's entity precision, recall, F1 and token accuracy over the dev words."""
+  return score_sentences(*_word_tags(data, "eval", predictions))
+
+
+def write(data: finetuning.Data, name: str, predictions: dict[str, np.ndarray],
+          directory: epath.Path) -> None:
+  """CoNLL "word gold predicted" lines; a tagged test file's scores to test_results.json."""
+  sentences, predicted = _word_tags(data, name, predictions)
+  if name == "eval":
+    ner_data.write_conll(sentences, predicted, str(directory / EVAL_PREDICTIONS_FILE))
+    return
+  ner_data.write_conll(sentences, predicted, str(directory / TEST_PREDICTIONS_FILE))
+  if sentences[0].tags is not None:
+    scores = score_sentences(sentences, predicted)
+    (directory / TEST_RESULTS_FILE).write_text(json.dumps(scores, indent=2) + "\n")
+    print(f"{data.context[0][name][2]}: " + ", ".join(f"{k}={v:.4f}" for k, v in scores.items()))
+
+
+SPEC = finetuning.Spec(
+    name="NER fine-tuning (a cased model suits NER)", read=read,
+    model=lambda bert_config, data: heads.BertForTokenClassification(bert_config,
+                                                                     data.num_labels),
+    terms=terms, predict=predict, score=score, write=write)

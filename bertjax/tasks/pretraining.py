@@ -137,68 +137,37 @@ def most_common_token(examples: dict[str, np.ndarray], special: pe.SpecialTokens
 # Loss and metrics.
 
 
-def _mlm_nsp_sums(model: heads.BertForPreTraining, params: Any, batch: dict[str, jax.Array],
-                  rngs: dict | None) -> dict[str, jax.Array]:
-  """Sums over the batch of the MLM and NSP losses and hits, with their weights."""
-  mlm_logits, nsp_logits = model.apply(
-      {"params": params}, batch["input_ids"], batch["segment_ids"], batch["input_mask"],
-      batch["masked_lm_positions"], deterministic=rngs is None, rngs=rngs)
-  # mlm_logits [batch, predictions, vocab], nsp_logits [batch, 2]; both float32.
-  example_weight = batch["example_weight"]  # [batch]
-  mlm_weight = batch["masked_lm_weights"] * example_weight[:, None]  # [batch, predictions]
-  mlm_ce = optax.softmax_cross_entropy_with_integer_labels(mlm_logits, batch["masked_lm_ids"])
-  mlm_hit = jnp.argmax(mlm_logits, -1) == batch["masked_lm_ids"]
-  nsp_ce = optax.softmax_cross_entropy_with_integer_labels(nsp_logits,
-                                                           batch["next_sentence_label"])
-  nsp_hit = jnp.argmax(nsp_logits, -1) == batch["next_sentence_label"]
-  return {"mlm_loss": jnp.sum(mlm_ce * mlm_weight), "mlm_hits": jnp.sum(mlm_hit * mlm_weight),
-          "mlm_weight": jnp.sum(mlm_weight),
-          "nsp_loss": jnp.sum(nsp_ce * example_weight),
-          "nsp_hits": jnp.sum(nsp_hit * example_weight),
-          "examples": jnp.sum(example_weight)}
+def make_terms(baseline_token: int):
+  """(outputs, batch) -> the terms of pretraining (`train.Terms`): the paper's objective is the
+  sum of the MLM mean (cross-entropy over the real masked positions, masked_lm_weights) and the
+  NSP mean (over the examples), with their accuracies and the MLM accuracy of always guessing
+  `baseline_token` (the frequency baseline)."""
+
+  def terms(outputs, batch):
+    mlm_logits, nsp_logits = outputs  # [batch, predictions, vocab], [batch, 2]; float32
+    ids, labels = batch["masked_lm_ids"], batch["next_sentence_label"]
+    mlm_weight = batch["masked_lm_weights"]  # [batch, predictions]
+    example_weight = batch["example_weight"]  # [batch]
+    return {
+        "mlm_loss": (optax.softmax_cross_entropy_with_integer_labels(mlm_logits, ids),
+                     mlm_weight),
+        "nsp_loss": (optax.softmax_cross_entropy_with_integer_labels(nsp_logits, labels),
+                     example_weight),
+        "mlm_accuracy": (jnp.argmax(mlm_logits, -1) == ids, mlm_weight),
+        "nsp_accuracy": (jnp.argmax(nsp_logits, -1) == labels, example_weight),
+        "frequency_baseline_mlm_accuracy": (ids == baseline_token, mlm_weight)}
+
+  return terms
 
 
-def make_loss_fn(model: heads.BertForPreTraining):
-  """(params, batch, dropout_rng) -> (loss, metrics): the paper's sum of the MLM and NSP means.
-
-  MLM: cross entropy averaged over the real masked positions (masked_lm_weights);
-  NSP: cross entropy averaged over the examples.
-  """
-
-  def loss_fn(params, batch, rng):
-    s = _mlm_nsp_sums(model, params, batch, {"dropout": rng})
-    mlm_loss = s["mlm_loss"] / (s["mlm_weight"] + 1e-5)
-    nsp_loss = s["nsp_loss"] / s["examples"]
-    metrics = {"mlm_loss": mlm_loss, "nsp_loss": nsp_loss,
-               "mlm_accuracy": s["mlm_hits"] / (s["mlm_weight"] + 1e-5),
-               "nsp_accuracy": s["nsp_hits"] / s["examples"]}
-    return mlm_loss + nsp_loss, metrics
-
-  return loss_fn
-
-
-def make_eval_fn(model: heads.BertForPreTraining, baseline_token: int):
-  """(params, batch) -> sums over the batch, incl. hits of always guessing `baseline_token`."""
-
-  def eval_fn(params, batch):
-    sums = _mlm_nsp_sums(model, params, batch, None)
-    weight = batch["masked_lm_weights"] * batch["example_weight"][:, None]
-    sums["baseline_hits"] = jnp.sum((batch["masked_lm_ids"] == baseline_token) * weight)
-    return sums
-
-  return eval_fn
-
-
-def summarize_eval(sums: dict[str, float]) -> dict[str, float]:
-  """Evaluation sums -> mean losses, accuracies and the frequency baseline's MLM accuracy."""
-  mlm_loss = sums["mlm_loss"] / max(sums["mlm_weight"], 1e-5)
-  nsp_loss = sums["nsp_loss"] / max(sums["examples"], 1e-5)
-  return {"loss": mlm_loss + nsp_loss, "mlm_loss": mlm_loss, "nsp_loss": nsp_loss,
-          "mlm_accuracy": sums["mlm_hits"] / max(sums["mlm_weight"], 1e-5),
-          "nsp_accuracy": sums["nsp_hits"] / max(sums["examples"], 1e-5),
-          "mlm_perplexity": float(np.exp(min(mlm_loss, 50.0))),
-          "frequency_baseline_mlm_accuracy": sums["baseline_hits"] / max(sums["mlm_weight"], 1e-5),
-          "examples": sums["examples"]}
+def score(totals: dict[str, Any], predictions: None) -> dict[str, float]:
+  """Evaluation totals -> the means (loss = MLM + NSP), the MLM perplexity and the number of
+  held-out examples."""
+  del predictions  # pretraining is scored by its sums alone
+  metrics = train.means(totals)
+  metrics["mlm_perplexity"] = float(np.exp(min(metrics["mlm_loss"], 50.0)))
+  metrics["examples"] = float(totals["nsp_loss"].count)
+  return metrics
 
 
 # ----------------------------------------------------------------------------------------------
@@ -240,9 +209,6 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> train.Task:
   check_config(config)
   data, tr = config.data, config.train
   process_count = jax.process_count()
-  if tr.batch_size % process_count or tr.eval_batch_size % process_count:
-    raise UserError(f"train.batch_size={tr.batch_size} and train.eval_batch_size="
-                    f"{tr.eval_batch_size} must divide over {process_count} hosts.")
 
   documents = None if data.static_examples else read_documents(config)
   tok = load_tokenizer(config, workdir, documents)
@@ -301,26 +267,17 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> train.Task:
     eval_pipeline = pipeline(eval_examples, batch_size=tr.eval_batch_size,
                              max_predictions=data.max_predictions_per_seq, dynamic=False,
                              shuffle=False)
-  init_batch, _ = next(phases.batches(0).iterate(None))
   bert_config = model_config(config, tok.vocab_size)
-  model = heads.BertForPreTraining(bert_config)
-
-  def init_params(rng, batch):
-    return model.init({"params": rng}, batch["input_ids"], batch["segment_ids"],
-                      batch["input_mask"], batch["masked_lm_positions"],
-                      deterministic=True)["params"]
-
   print(f"pretraining: {len(examples['input_ids'])} training examples "
         f"({phases.batches(0).steps_per_epoch} steps per epoch), "
         f"{0 if eval_pipeline is None else eval_pipeline.num_examples} held-out examples, "
         f"vocabulary {tok.vocab_size}, "
         f"frequency baseline token {tok.id_to_token(baseline_token)!r}")
   return train.Task(
-      init_params=init_params, loss_fn=make_loss_fn(model),
-      eval_fn=make_eval_fn(model, baseline_token), summarize_eval=summarize_eval,
-      train_batches=phases.iterate,
-      eval_batches=None if eval_pipeline is None else eval_pipeline.eval_batches,
-      init_batch=init_batch,
+      model=heads.BertForPreTraining(bert_config), terms=make_terms(baseline_token),
+      batches=train.Batches(
+          train=phases.iterate, eval=None if eval_pipeline is None else eval_pipeline.eval_batches),
+      score=score,
       files={model_files.BERT_CONFIG_FILE: model_files.bert_config_json(bert_config)})
 
 

@@ -1,4 +1,5 @@
-"""SQuAD fine-tuning: answer spans in a paragraph on a pretrained BERT (paper 4.2 and 4.3).
+"""SQuAD fine-tuning: answer spans in a paragraph on a pretrained BERT (paper 4.2 and 4.3), a
+`finetuning.Spec`.
 
   python -m bertjax.main --config=configs/squad.py --workdir=DIR --config.init_checkpoint=CKPT \
       --config.data.train_file=train-v1.1.json --config.data.predict_file=dev-v1.1.json
@@ -31,7 +32,7 @@ import numpy as np
 import optax
 from etils import epath
 
-from bertjax import metrics, train
+from bertjax import metrics, tokenization
 from bertjax.data import squad as squad_data
 from bertjax.data import squad_answers
 from bertjax.errors import UserError
@@ -39,56 +40,11 @@ from bertjax.models import heads
 from bertjax.tasks import finetuning
 
 
-def make_loss_fn(model: heads.BertForQuestionAnswering):
-  """(params, batch, rng) -> ((start CE + end CE) / 2, {start_accuracy, end_accuracy})."""
-
-  def loss_fn(params, batch, rng):
-    start_logits, end_logits = model.apply(
-        {"params": params}, batch["input_ids"], batch["segment_ids"], batch["input_mask"],
-        deterministic=False, rngs={"dropout": rng})  # each [batch, seq]
-    # run_squad's softmax runs over every position, padding included.
-    start_loss = optax.softmax_cross_entropy_with_integer_labels(start_logits,
-                                                                 batch["start_position"])
-    end_loss = optax.softmax_cross_entropy_with_integer_labels(end_logits, batch["end_position"])
-    loss = (start_loss.mean() + end_loss.mean()) / 2
-    return loss, {
-        "start_accuracy": jnp.mean(jnp.argmax(start_logits, -1) == batch["start_position"]),
-        "end_accuracy": jnp.mean(jnp.argmax(end_logits, -1) == batch["end_position"])}
-
-  return loss_fn
-
-
-def make_eval_fns(model: heads.BertForQuestionAnswering):
-  """(eval_fn: the number of real windows, predict_fn: each window's start and end logits)."""
-
-  def eval_fn(params, batch):
-    del params  # the scores come from the predictions
-    return {"windows": jnp.sum(batch["example_weight"])}
-
-  def predict_fn(params, batch):
-    start_logits, end_logits = model.apply(
-        {"params": params}, batch["input_ids"], batch["segment_ids"], batch["input_mask"],
-        deterministic=True)  # each [batch, seq]
-    return {"start_logits": start_logits, "end_logits": end_logits,
-            "feature_index": batch["feature_index"]}
-
-  return eval_fn, predict_fn
-
-
-def _only_questions(data: list, qids: set[str]) -> list:
-  """SQuAD's data list reduced to the questions `qids`."""
-  return [{"paragraphs": [{"qas": [qa for qa in p["qas"] if qa["id"] in qids]}
-                          for p in article["paragraphs"]]} for article in data]
-
-
-def make_task(config: ml_collections.ConfigDict, workdir: str) -> train.Task:
-  """Reads the SQuAD files, builds their windows and the fine-tuning Task; sets the run's
-  num_train_steps, warmup_steps and (if -1) eval/checkpoint intervals in `config`."""
-  del workdir  # the trainer writes there
-  finetuning.check_batch_sizes(config)
-  pretrained = finetuning.load_pretrained(config, "SQuAD fine-tuning")
-  tok = pretrained.tokenizer
-  data, tr = config.data, config.train
+def read(config: ml_collections.ConfigDict, tokenizer: tokenization.Tokenizer,
+         workdir: str) -> finetuning.Data:
+  """Reads the SQuAD files and cuts their questions into run_squad's windows."""
+  del workdir  # nothing of SQuAD is kept there
+  data = config.data
   version_2 = data.version_2_with_negative
   if not data.train_file or not data.predict_file:
     raise UserError("SQuAD fine-tuning needs --config.data.train_file and "
@@ -117,62 +73,84 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> train.Task:
 
   def features_of(examples, is_training):
     return squad_data.convert_examples_to_features(
-        examples, tok, max_seq_length=data.max_seq_length, doc_stride=data.doc_stride,
+        examples, tokenizer, max_seq_length=data.max_seq_length, doc_stride=data.doc_stride,
         max_query_length=data.max_query_length, is_training=is_training)
 
   train_features = features_of(train_examples, True)
   eval_features = features_of(eval_examples, False)
-
-  train_batches = finetuning.feature_batches(
-      config, train_features.model_inputs(with_labels=True), training=True)
-  eval_batches = finetuning.feature_batches(
-      config, eval_features.model_inputs(with_labels=False), training=False)
-  # Epochs are counted in questions, not windows, as run_squad counts its steps.
-  finetuning.set_schedule(config, max(1, len(train_examples) // tr.batch_size))
-
-  model = heads.BertForQuestionAnswering(pretrained.bert_config)
-  eval_fn, predict_fn = make_eval_fns(model)
-
-  def init_params(rng, batch):
-    return model.init({"params": rng}, batch["input_ids"], batch["segment_ids"],
-                      batch["input_mask"], deterministic=True)["params"]
-
-  def answers(predictions: dict[str, np.ndarray]) -> squad_answers.Predictions:
-    return squad_answers.postprocess(
-        eval_examples, eval_features, predictions["start_logits"], predictions["end_logits"],
-        tok, feature_index=predictions["feature_index"], n_best_size=data.n_best_size,
-        max_answer_length=data.max_answer_length, version_2_with_negative=version_2,
-        null_score_diff_threshold=data.null_score_diff_threshold)
-
-  def score_predictions(predictions: dict[str, np.ndarray]) -> dict[str, float]:
-    result = answers(predictions)
-    if not result.predictions:
-      return {}
-    scored = eval_dataset["data"]
-    if len(result.predictions) < len(eval_examples):  # eval_steps cut the set short
-      scored = _only_questions(scored, set(result.predictions))
-    return metrics.squad_metrics(scored, result.predictions,
-                                 na_probs=result.null_odds if version_2 else None,
-                                 version_2=version_2)
-
-  def write_predictions(split: str, predictions: dict[str, np.ndarray],
-                        directory: epath.Path) -> None:
-    if split == "eval":
-      squad_answers.write_prediction_files(directory, answers(predictions))
-
-  print(f"squad{' v2.0' if version_2 else ''}: {len(train_examples)} training questions "
-        f"({len(train_features)} windows, {tr.num_train_steps} steps), {len(eval_examples)} "
-        f"questions to predict ({len(eval_features)} windows)")
-  return train.Task(
-      init_params=init_params, loss_fn=make_loss_fn(model), eval_fn=eval_fn,
-      summarize_eval=lambda sums: {}, train_batches=train_batches.iterate,
-      eval_batches=eval_batches.eval_batches, init_batch=next(train_batches.iterate(None))[0],
-      files=pretrained.files,
-      predict_fn=predict_fn, score_predictions=score_predictions,
-      write_predictions=write_predictions, head="span")
+  return finetuning.Data(
+      train=train_features.model_inputs(with_labels=True),
+      eval=eval_features.model_inputs(with_labels=False),
+      # Epochs are counted in questions, not windows, as run_squad counts its steps.
+      examples_per_epoch=len(train_examples),
+      context=(config.data, tokenizer, eval_dataset, eval_examples, eval_features),
+      summary=f"squad{' v2.0' if version_2 else ''}: {len(train_examples)} training questions "
+              f"({len(train_features)} windows), {len(eval_examples)} questions to predict "
+              f"({len(eval_features)} windows)")
 
 
-def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
-  """Fine-tunes on SQuAD; returns the last evaluation of data.predict_file."""
-  train.make_checked_mesh(config)
-  return train.train_and_evaluate(config, workdir, make_task(config, workdir))
+def terms(outputs, batch):
+  """The mean of the start and the end cross-entropy, each a softmax over every position of the
+  window (padding included, as run_squad), and their accuracies; {} for windows without
+  answers (the eval windows). outputs: start and end logits, each [batch, seq]."""
+  if "start_position" not in batch:
+    return {}
+  start_logits, end_logits = outputs
+  start, end, weight = batch["start_position"], batch["end_position"], batch["example_weight"]
+  ce = optax.softmax_cross_entropy_with_integer_labels
+  return {"loss": ((ce(start_logits, start) + ce(end_logits, end)) / 2, weight),
+          "start_accuracy": (jnp.argmax(start_logits, -1) == start, weight),
+          "end_accuracy": (jnp.argmax(end_logits, -1) == end, weight)}
+
+
+def predict(outputs, batch):
+  """Each window's start and end logits and its index among the features."""
+  start_logits, end_logits = outputs
+  return {"start_logits": start_logits, "end_logits": end_logits,
+          "feature_index": batch["feature_index"]}
+
+
+def _only_questions(data: list, qids: set[str]) -> list:
+  """SQuAD's data list reduced to the questions `qids`."""
+  return [{"paragraphs": [{"qas": [qa for qa in p["qas"] if qa["id"] in qids]}
+                          for p in article["paragraphs"]]} for article in data]
+
+
+def answers(data: finetuning.Data,
+            predictions: dict[str, np.ndarray]) -> squad_answers.Predictions:
+  """run_squad's answers (best spans, n-best lists, null odds) from the windows' logits."""
+  config_data, tokenizer, _, eval_examples, eval_features = data.context
+  return squad_answers.postprocess(
+      eval_examples, eval_features, predictions["start_logits"], predictions["end_logits"],
+      tokenizer, feature_index=predictions["feature_index"],
+      n_best_size=config_data.n_best_size, max_answer_length=config_data.max_answer_length,
+      version_2_with_negative=config_data.version_2_with_negative,
+      null_score_diff_threshold=config_data.null_score_diff_threshold)
+
+
+def score(data: finetuning.Data, predictions: dict[str, np.ndarray]) -> dict[str, float]:
+  """The official evaluation script's scores (v1.1: exact_match, f1; v2.0: evaluate-v2.0.py's)."""
+  config_data, _, eval_dataset, eval_examples, _ = data.context
+  result = answers(data, predictions)
+  if not result.predictions:
+    return {}
+  scored = eval_dataset["data"]
+  if len(result.predictions) < len(eval_examples):  # eval_steps cut the set short
+    scored = _only_questions(scored, set(result.predictions))
+  version_2 = config_data.version_2_with_negative
+  return metrics.squad_metrics(scored, result.predictions,
+                               na_probs=result.null_odds if version_2 else None,
+                               version_2=version_2)
+
+
+def write(data: finetuning.Data, name: str, predictions: dict[str, np.ndarray],
+          directory: epath.Path) -> None:
+  """run_squad's predictions.json, nbest_predictions.json and (v2.0) null_odds.json."""
+  if name == "eval":
+    squad_answers.write_prediction_files(directory, answers(data, predictions))
+
+
+SPEC = finetuning.Spec(
+    name="SQuAD fine-tuning", read=read,
+    model=lambda bert_config, data: heads.BertForQuestionAnswering(bert_config),
+    terms=terms, predict=predict, score=score, write=write)

@@ -1,4 +1,5 @@
-"""SWAG fine-tuning: choose the ending of a sentence from four, on a pretrained BERT (paper 4.4).
+"""SWAG fine-tuning: choose the ending of a sentence from four, on a pretrained BERT (paper 4.4),
+a `finetuning.Spec`.
 
   python -m bertjax.main --config=configs/swag.py --workdir=DIR --config.init_checkpoint=CKPT \
       --config.data.train_file=SWAG/train.csv --config.data.eval_file=SWAG/val.csv
@@ -31,7 +32,7 @@ import numpy as np
 import optax
 from etils import epath
 
-from bertjax import metrics, train
+from bertjax import metrics, tokenization
 from bertjax.data import swag as swag_data
 from bertjax.errors import UserError
 from bertjax.models import heads
@@ -41,46 +42,53 @@ EVAL_PREDICTIONS_FILE = "eval_predictions.csv"
 TEST_PREDICTIONS_FILE = "test_predictions.csv"
 
 
-def make_loss_fn(model: heads.BertForMultipleChoice):
-  """(params, batch, rng) -> (mean cross-entropy over the choices, {"accuracy"}), dropout on."""
+def read(config: ml_collections.ConfigDict, tokenizer: tokenization.Tokenizer,
+         workdir: str) -> finetuning.Data:
+  """Reads swagaf's CSV files and encodes each question's four choices."""
+  del workdir  # nothing of SWAG is kept there
+  data = config.data
+  for field, name in (("train_file", "train.csv"), ("eval_file", "val.csv")):
+    if not data[field]:
+      raise UserError(f"set --config.data.{field} to SWAG's {name} (data/{name} of the "
+                      "rowanz/swagaf repository).")
 
-  def loss_fn(params, batch, rng):
-    logits = model.apply({"params": params}, batch["input_ids"], batch["segment_ids"],
-                         batch["input_mask"], deterministic=False,
-                         rngs={"dropout": rng})  # [batch, num_choices]
-    loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"]).mean()
-    return loss, {"accuracy": jnp.mean(jnp.argmax(logits, -1) == batch["label"])}
+  def encode(examples):
+    return swag_data.encode_examples(examples, tokenizer, data.max_seq_length)
 
-  return loss_fn
-
-
-def make_eval_fns(model: heads.BertForMultipleChoice):
-  """(eval_fn: sums of the loss over real examples, predict_fn: each example's choice)."""
-
-  def logits_of(params, batch):
-    return model.apply({"params": params}, batch["input_ids"], batch["segment_ids"],
-                       batch["input_mask"], deterministic=True)  # [batch, num_choices]
-
-  def eval_fn(params, batch):
-    logits, weight = logits_of(params, batch), batch["example_weight"]
-    losses = optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"])
-    return {"loss_sum": jnp.sum(losses * weight), "examples": jnp.sum(weight)}
-
-  def predict_fn(params, batch):
-    out = {"prediction": jnp.argmax(logits_of(params, batch), -1)}  # [batch]
-    if "label" in batch:
-      out["label"] = batch["label"]
-    return out
-
-  return eval_fn, predict_fn
+  examples = {"train": swag_data.read_examples(data.train_file),
+              "eval": swag_data.read_examples(data.eval_file)}
+  if data.predict_file:
+    examples["test"] = swag_data.read_examples(data.predict_file)
+  features = {name: encode(split) for name, split in examples.items()}
+  for field, name in (("train_file", "train"), ("eval_file", "eval")):
+    if "label" not in features[name]:
+      raise UserError(f"data.{field}={data[field]} has examples without a label (test.csv has "
+                      "none); give a labelled file (train.csv, val.csv).")
+  return finetuning.Data(
+      train=features["train"], eval=features["eval"],
+      predict={"test": features["test"]} if "test" in features else {}, context=examples,
+      summary=f"swag: {len(examples['train'])} training examples, {len(examples['eval'])} dev "
+              "examples" + (f", {len(examples['test'])} to predict" if "test" in examples else ""))
 
 
-def summarize_eval(sums: dict[str, float]) -> dict[str, float]:
-  return {"loss": sums["loss_sum"] / max(sums["examples"], 1.0)}
+def terms(logits, batch):
+  """Cross-entropy over the choices and accuracy; logits [batch, num_choices]."""
+  label, weight = batch["label"], batch["example_weight"]
+  return {"loss": (optax.softmax_cross_entropy_with_integer_labels(logits, label), weight),
+          "accuracy": (jnp.argmax(logits, -1) == label, weight)}
 
 
-def score_predictions(predictions: dict[str, np.ndarray]) -> dict[str, float]:
+def predict(logits, batch):
+  """Each question's chosen ending (and its label, if any), [batch]."""
+  out = {"prediction": jnp.argmax(logits, -1)}
+  if "label" in batch:
+    out["label"] = batch["label"]
+  return out
+
+
+def score(data: finetuning.Data, predictions: dict[str, np.ndarray]) -> dict[str, float]:
   """{"accuracy"}: the share of questions whose predicted ending is the right one."""
+  del data
   return {"accuracy": metrics.accuracy(predictions["label"], predictions["prediction"])}
 
 
@@ -107,65 +115,16 @@ def write_test_predictions(examples: Sequence[swag_data.Example],
             [(e.id, int(p)) for e, p in zip(examples, predictions["prediction"])])
 
 
-def make_task(config: ml_collections.ConfigDict, workdir: str) -> train.Task:
-  """Reads the SWAG files, encodes them and builds the fine-tuning Task; sets the run's
-  num_train_steps, warmup_steps and (if -1) eval/checkpoint intervals in `config`."""
-  del workdir  # the trainer writes there
-  finetuning.check_batch_sizes(config)
-  model = finetuning.load_pretrained(config, "SWAG fine-tuning")
-  data, tr = config.data, config.train
-  for field, name in (("train_file", "train.csv"), ("eval_file", "val.csv")):
-    if not data[field]:
-      raise UserError(f"set --config.data.{field} to SWAG's {name} (data/{name} of the "
-                      "rowanz/swagaf repository).")
-
-  def encode(examples):
-    return swag_data.encode_examples(examples, model.tokenizer, data.max_seq_length)
-
-  train_examples = swag_data.read_examples(data.train_file)
-  eval_examples = swag_data.read_examples(data.eval_file)
-  train_features, eval_features = encode(train_examples), encode(eval_examples)
-  for field, features in (("train_file", train_features), ("eval_file", eval_features)):
-    if "label" not in features:
-      raise UserError(f"data.{field}={data[field]} has examples without a label (test.csv has "
-                      "none); give a labelled file (train.csv, val.csv).")
-
-  train_batches = finetuning.feature_batches(config, train_features, training=True)
-  eval_batches = finetuning.feature_batches(config, eval_features, training=False)
-  steps_per_epoch = train_batches.steps_per_epoch
-  finetuning.set_schedule(config, steps_per_epoch)
-
-  predict_examples, predict_sets = [], {}
-  if data.predict_file:
-    predict_examples = swag_data.read_examples(data.predict_file)
-    predict_sets["test"] = finetuning.feature_batches(
-        config, encode(predict_examples), training=False).eval_batches
-  chooser = heads.BertForMultipleChoice(model.bert_config)
-  eval_fn, predict_fn = make_eval_fns(chooser)
-
-  def init_params(rng, batch):
-    return chooser.init({"params": rng}, batch["input_ids"], batch["segment_ids"],
-                        batch["input_mask"], deterministic=True)["params"]
-
-  def write_predictions(split: str, predictions: dict[str, np.ndarray],
-                        directory: epath.Path) -> None:
-    if split == "eval":
-      write_eval_predictions(eval_examples, predictions, directory / EVAL_PREDICTIONS_FILE)
-    else:
-      write_test_predictions(predict_examples, predictions, directory / TEST_PREDICTIONS_FILE)
-
-  print(f"swag: {len(train_examples)} training examples ({steps_per_epoch} steps per epoch, "
-        f"{tr.num_train_steps} steps), {len(eval_examples)} dev examples"
-        + (f", {len(predict_examples)} to predict" if predict_examples else ""))
-  return train.Task(
-      init_params=init_params, loss_fn=make_loss_fn(chooser), eval_fn=eval_fn,
-      summarize_eval=summarize_eval, train_batches=train_batches.iterate,
-      eval_batches=eval_batches.eval_batches, init_batch=next(train_batches.iterate(None))[0],
-      files=model.files, predict_fn=predict_fn, score_predictions=score_predictions,
-      predict_sets=predict_sets, write_predictions=write_predictions, head="multiple_choice")
+def write(data: finetuning.Data, name: str, predictions: dict[str, np.ndarray],
+          directory: epath.Path) -> None:
+  """eval_predictions.csv (id,label,prediction) or test_predictions.csv (id,prediction)."""
+  if name == "eval":
+    write_eval_predictions(data.context["eval"], predictions, directory / EVAL_PREDICTIONS_FILE)
+  else:
+    write_test_predictions(data.context["test"], predictions, directory / TEST_PREDICTIONS_FILE)
 
 
-def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
-  """Fine-tunes on SWAG; returns the last dev evaluation (loss, accuracy)."""
-  train.make_checked_mesh(config)
-  return train.train_and_evaluate(config, workdir, make_task(config, workdir))
+SPEC = finetuning.Spec(
+    name="SWAG fine-tuning", read=read,
+    model=lambda bert_config, data: heads.BertForMultipleChoice(bert_config),
+    terms=terms, predict=predict, score=score, write=write)
