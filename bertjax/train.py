@@ -420,7 +420,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, task: Ta
       stopping = stop_signal.should_stop(step)
       checkpoints.save(step, state, position, force=step == stop or stopping)
       if stopping:
-        tqdm.tqdm.write(f"{stop_signal.received or 'a signal on another host'}: saved a "
+        tqdm.tqdm.write(f"{stop_signal.received or 'SIGTERM or SIGINT on some host'}: saved a "
                         f"checkpoint at step {step}; rerun the same command to resume.")
         break
   bar.close()
