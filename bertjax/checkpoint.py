@@ -86,6 +86,22 @@ def _with_sharding(abstract: Any) -> Any:
       else jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), abstract)
 
 
+class _Manager(ocp.CheckpointManager):
+  """orbax's CheckpointManager without its own preemption checks.
+
+  It would ask jax's preemption sync point with the step being saved, in `save` and, after an
+  asynchronous save, from its finalize thread, while the train loop is already steps further.
+  Each call sets the process's counter in jax's sync protocol, so a SIGTERM that comes just
+  then makes the processes agree on a point that is already behind, and they never stop (or
+  one skips it and the others wait in the save). `bertjax.preemption.StopSignal` is the only
+  caller of the sync point.
+  """
+
+  def reached_preemption(self, step: int) -> bool:
+    del step
+    return False
+
+
 class Checkpoints:
   """The checkpoints of one run: train state + data position per step, the last `keep` kept.
 
@@ -120,16 +136,12 @@ class Checkpoints:
       raise UserError(f"keep_checkpoints={keep} must be at least 1; set "
                       "--config.train.keep_checkpoints.")
     self.directory = epath.Path(directory)
-    # Save at multiples of save_every_steps, and when orbax detects a preemption (it syncs
-    # that across hosts); unlike orbax's default, not also at the first step seen.
-    policy = ocp.checkpoint_managers.AnySavePolicy([
-        ocp.checkpoint_managers.FixedIntervalPolicy(save_every_steps),
-        ocp.checkpoint_managers.PreemptionCheckpointingPolicy()])
+    # Save at multiples of save_every_steps; unlike orbax's default, not also at the first step
+    # seen. A preemption is a forced save at the step bertjax.preemption agreed on.
     options = ocp.CheckpointManagerOptions(
-        save_decision_policy=policy, max_to_keep=keep, create=False,
-        enable_async_checkpointing=async_save)
-    self._manager = ocp.CheckpointManager(self.directory, item_handlers=_handlers(),
-                                          options=options)
+        save_decision_policy=ocp.checkpoint_managers.FixedIntervalPolicy(save_every_steps),
+        max_to_keep=keep, create=False, enable_async_checkpointing=async_save)
+    self._manager = _Manager(self.directory, item_handlers=_handlers(), options=options)
 
   def latest_step(self) -> int | None:
     """The newest saved step, None if there is none."""
