@@ -63,6 +63,8 @@ def _parse_flags(argv: list[str]) -> list[str]:
           "configs/finetuning.py (fine-tuning).")
   except flags.Error as e:
     _fail(f"{e}. Check the flag's value; run with --helpfull for the flags.")
+  except UserError as e:  # a config's get_config refused its argument (configs/squad.py:v3)
+    _fail(str(e))
 
 
 def main(argv: list[str]) -> None:

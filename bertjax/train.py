@@ -371,39 +371,41 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, task: Ta
   """
   workdir = epath.Path(workdir)
   tr = config.train
-  setup = build(config, task, next(task.batches.train(None))[0], devices)
-  checkpoints = checkpoint.Checkpoints(
-      workdir / "checkpoints", save_every_steps=tr.checkpoint_every_steps,
-      keep=tr.keep_checkpoints)
-  state, position = restore_or_init(config, setup, checkpoints)
-  start_step = int(state["step"])
-  total = tr.num_train_steps
-  # Where this process stops: the end of the run, or earlier for a time-boxed job.
-  stop = total if tr.stop_after_steps < 0 else min(total, tr.stop_after_steps)
-  if start_step:
-    print(f"resuming from step {start_step} of {workdir / 'checkpoints'}")
-  _write_workdir_files(config, workdir, task.files)
-  log = metric_logs.MetricLog(workdir, dtype=config.model.dtype,
-                              devices=list(setup.mesh.devices.flat))
-  eval_metrics: dict[str, float] = {}
-  eval_predictions: dict[str, np.ndarray] | None = None
-
-  def run_eval(step: int) -> dict[str, float]:
-    nonlocal eval_predictions
-    if task.batches.eval is None:
-      return {}
-    metrics, eval_predictions = evaluate(setup, task, state["params"], tr.eval_steps)
-    log.write_eval(step, metrics)
-    if jax.process_index() == 0:
-      (workdir / "eval_results.json").write_text(
-          json.dumps({"step": step, **metrics}, indent=2) + "\n")
-    return metrics
-
-  bar = tqdm.tqdm(total=total, initial=start_step, desc="train", unit="step",
-                  disable=jax.process_index() != 0, dynamic_ncols=True, mininterval=1.0)
-  step = start_step
-  batches = task.batches.train(position)
+  # Entered first: a signal while the run starts (restoring, compiling) stops it after its
+  # first step instead of killing one host.
   with preemption.StopSignal() as stop_signal:
+    setup = build(config, task, next(task.batches.train(None))[0], devices)
+    checkpoints = checkpoint.Checkpoints(
+        workdir / "checkpoints", save_every_steps=tr.checkpoint_every_steps,
+        keep=tr.keep_checkpoints)
+    state, position = restore_or_init(config, setup, checkpoints)
+    start_step = int(state["step"])
+    total = tr.num_train_steps
+    # Where this process stops: the end of the run, or earlier for a time-boxed job.
+    stop = total if tr.stop_after_steps < 0 else min(total, tr.stop_after_steps)
+    if start_step:
+      print(f"resuming from step {start_step} of {workdir / 'checkpoints'}")
+    _write_workdir_files(config, workdir, task.files)
+    log = metric_logs.MetricLog(workdir, dtype=config.model.dtype,
+                                devices=list(setup.mesh.devices.flat))
+    eval_metrics: dict[str, float] = {}
+    eval_predictions: dict[str, np.ndarray] | None = None
+
+    def run_eval(step: int) -> dict[str, float]:
+      nonlocal eval_predictions
+      if task.batches.eval is None:
+        return {}
+      metrics, eval_predictions = evaluate(setup, task, state["params"], tr.eval_steps)
+      log.write_eval(step, metrics)
+      if jax.process_index() == 0:
+        (workdir / "eval_results.json").write_text(
+            json.dumps({"step": step, **metrics}, indent=2) + "\n")
+      return metrics
+
+    bar = tqdm.tqdm(total=total, initial=start_step, desc="train", unit="step",
+                    disable=jax.process_index() != 0, dynamic_ncols=True, mininterval=1.0)
+    step = start_step
+    batches = task.batches.train(position)
     while step < stop:
       batch, position = next(batches)
       state, metrics = setup.train_step(state, parallel.global_batch(batch, setup.mesh))
@@ -423,14 +425,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, task: Ta
         tqdm.tqdm.write(f"{stop_signal.received or 'SIGTERM or SIGINT on some host'}: saved a "
                         f"checkpoint at step {step}; rerun the same command to resume.")
         break
-  bar.close()
-  if step == total and task.write is not None:
-    write = task.write if jax.process_index() == 0 else lambda *_: None
-    if eval_predictions is not None:
-      write("eval", eval_predictions, workdir)
-    for name, make_batches in task.batches.predict.items():
-      write(name, run_eval_step(setup, state["params"], make_batches(), with_terms=False)[1],
-            workdir)
-  checkpoints.close()
-  log.close()
-  return eval_metrics
+    bar.close()
+    if step == total and task.write is not None:
+      write = task.write if jax.process_index() == 0 else lambda *_: None
+      if eval_predictions is not None:
+        write("eval", eval_predictions, workdir)
+      for name, make_batches in task.batches.predict.items():
+        write(name, run_eval_step(setup, state["params"], make_batches(), with_terms=False)[1],
+              workdir)
+    checkpoints.close()
+    log.close()
+    return eval_metrics
