@@ -37,6 +37,7 @@ setuptools.setup(
         "absl-py==2.5.1",
         "tqdm==4.70.1",
         "tensorboardX==2.6.5",
+        "clu==0.0.12",  # metrics (clu.metrics only: its metric_writers import TensorFlow)
         "seqeval==1.2.2",  # entity-level NER F1 (conlleval's rules)
     ],
     extras_require={
