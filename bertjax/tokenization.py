@@ -22,6 +22,7 @@ import abc
 import io
 import json
 import os
+import unicodedata
 from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
@@ -86,6 +87,17 @@ class Tokenizer(abc.ABC):
 
     Returns:
       bool array of the same shape.
+    """
+
+  @abc.abstractmethod
+  def word_boundary_tables(self) -> tuple[np.ndarray, np.ndarray]:
+    """Per-id tables for Google's whole-word rule; give them to `word_starts`.
+
+    Returns:
+      starts: [vocab_size] bool, the id begins a word (as `is_word_start` says).
+      punctuation: [vocab_size] bool, the piece is punctuation: its text, less the word mark
+        ("▁" in sentencepiece, "##" in WordPiece), is non-empty and all punctuation by
+        Google's BasicTokenizer (`is_punctuation`). Special ids are never punctuation.
     """
 
   @abc.abstractmethod
@@ -159,6 +171,12 @@ class SentencePieceTokenizer(Tokenizer):
 
   def is_word_start(self, ids: np.ndarray) -> np.ndarray:
     return self._word_start[np.asarray(ids)]
+
+  def word_boundary_tables(self) -> tuple[np.ndarray, np.ndarray]:
+    not_text = set(self.special_ids) | {i for i in range(self.vocab_size)
+                                        if self._sp.is_control(i) or self._sp.is_unknown(i)}
+    pieces = [self._sp.id_to_piece(i) for i in range(self.vocab_size)]
+    return self._word_start.copy(), _punctuation_table(pieces, _WORD_START, not_text)
 
   def save(self, directory: str) -> str:
     os.makedirs(directory, exist_ok=True)
@@ -245,6 +263,9 @@ class WordPieceTokenizer(Tokenizer):
   def is_word_start(self, ids: np.ndarray) -> np.ndarray:
     return self._word_start[np.asarray(ids)]
 
+  def word_boundary_tables(self) -> tuple[np.ndarray, np.ndarray]:
+    return self._word_start.copy(), _punctuation_table(self._tokens, "##", self.special_ids)
+
   def save(self, directory: str) -> str:
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, VOCAB_FILE)
@@ -254,6 +275,51 @@ class WordPieceTokenizer(Tokenizer):
     _write_atomically(os.path.join(directory, CONFIG_FILE),
                       (json.dumps(config, indent=2) + "\n").encode("utf-8"))
     return path
+
+
+def is_punctuation(char: str) -> bool:
+  """Whether one character is punctuation by Google's BERT (tokenization.py `_is_punctuation`):
+  ASCII 33-47, 58-64, 91-96 and 123-126 (so "$", "^", "`" count), or any Unicode category P*."""
+  cp = ord(char)
+  if 33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126:
+    return True
+  return unicodedata.category(char).startswith("P")
+
+
+def _punctuation_table(pieces: Sequence[str], mark: str, not_text: Iterable[int]) -> np.ndarray:
+  """[vocab_size] pieces -> [vocab_size] bool: the piece, less a leading `mark`, is non-empty
+  and all punctuation; False at the ids in `not_text` (special and control pieces)."""
+  table = np.zeros(len(pieces), bool)
+  for i, piece in enumerate(pieces):
+    text = piece.removeprefix(mark)
+    table[i] = bool(text) and all(map(is_punctuation, text))
+  table[list(not_text)] = False
+  return table
+
+
+def word_starts(input_ids: np.ndarray, starts: np.ndarray, punctuation: np.ndarray) -> np.ndarray:
+  """Where words begin, by Google's whole-word rule (create_pretraining_data.py).
+
+  Google's BasicTokenizer splits punctuation off as words of their own, and whole-word masking
+  groups a word's first piece with the pieces that continue it. So a token starts a word if its
+  piece starts one (`starts`), if it is punctuation, or if the token before it in the same row
+  is punctuation: with sentencepiece the pieces '▁"', 'Well', ',' are three words, not one.
+
+  Args:
+    input_ids: [..., seq] int token ids, each in [0, vocab_size).
+    starts: [vocab_size] bool, from `Tokenizer.word_boundary_tables`.
+    punctuation: [vocab_size] bool, from `Tokenizer.word_boundary_tables`.
+
+  Returns:
+    [..., seq] bool, True where a token starts a word.
+  """
+  input_ids = np.asarray(input_ids)
+  if input_ids.ndim < 1:
+    raise ValueError(f"input_ids must be [..., seq], got a scalar {input_ids!r}")
+  is_punctuation_id = np.asarray(punctuation, bool)[input_ids]
+  result = np.asarray(starts, bool)[input_ids] | is_punctuation_id
+  result[..., 1:] |= is_punctuation_id[..., :-1]
+  return result
 
 
 def _read_vocab(vocab_file: str) -> list[str]:

@@ -76,6 +76,41 @@ def test_read_text_files_errors(tmp_path):
                           f"it, e.g. iconv -f LATIN1 -t UTF-8 {latin} > {latin}.utf8")
 
 
+def test_read_text_files_refuses_nul_bytes(tmp_path):
+  """A NUL byte is valid UTF-8 but never text: a binary file (or UTF-16) is refused."""
+  zeros = tmp_path / "zeros.bin"
+  zeros.write_bytes(b"\x00" * 4096)
+  with pytest.raises(UserError) as e:
+    sources.read_text_files(str(zeros))
+  assert str(e.value) == (
+      f"{zeros} is not text (a binary file?): a NUL byte at line 1, byte offset 0; give a UTF-8 "
+      f"text file instead (convert UTF-16 text, e.g. iconv -f UTF-16 -t UTF-8 {zeros} > "
+      f"{zeros}.utf8).")
+  one = tmp_path / "one.txt"
+  one.write_bytes(b"First line.\nSecond.\nThird \x00 here.\nFourth.\n")
+  with pytest.raises(UserError, match=r"one\.txt is not text \(a binary file\?\): a NUL byte at "
+                     r"line 3, byte offset 26; give a UTF-8 text file instead"):
+    sources.read_text_files([_write(tmp_path / "ok.txt", "Fine.\n"), str(one)])
+
+
+def test_decode_text():
+  assert sources.decode_text("a.txt", "\ufeffCaf\u00e9.\n".encode("utf-8")) == "Caf\u00e9.\n"
+  assert sources.decode_text("a.txt", b"") == ""
+  # A range from inside a file: messages give the file's line and byte offset.
+  with pytest.raises(UserError, match=r"^big\.txt is not UTF-8: line 12, byte offset 1005 "
+                     r"\(e9 0a\); convert it"):
+    sources.decode_text("big.txt", b"ab\ncd\xe9\n", first_line=11, first_offset=1000)
+  with pytest.raises(UserError, match=r"^big\.txt is not text \(a binary file\?\): a NUL byte "
+                     r"at line 13, byte offset 1007;"):
+    sources.decode_text("big.txt", b"ab\ncd\nx\x00", first_line=11, first_offset=1000)
+  # The first NUL is named; a BOM is dropped only at the start of the file.
+  with pytest.raises(UserError, match="line 1, byte offset 0"):
+    sources.decode_text("a.txt", b"\x00\x00")
+  bom = "\ufeffx".encode("utf-8")
+  assert sources.decode_text("a.txt", bom, first_line=5, first_offset=40) == "\ufeffx"
+  assert sources._decode is sources.decode_text  # pylint: disable=protected-access
+
+
 @pytest.mark.parametrize("text, expected", [
     ('"My dear Mr. Bennet," said his lady to him one day, "have you heard that Netherfield '
      'Park is let at last?" Mr. Bennet replied that he had not.',

@@ -89,6 +89,124 @@ def test_is_word_start(tok):
                                 [[True, True, expected[0]], [expected[1], True, True]])
 
 
+def google_words(text):
+  """Google's BasicTokenizer words (cased): whitespace split, then punctuation split."""
+  from transformers.models.bert import tokenization_bert_legacy as legacy  # Google's rules
+  return legacy.BasicTokenizer(do_lower_case=False, tokenize_chinese_chars=True,
+                               strip_accents=False).tokenize(text)
+
+
+def units(pieces, starts, mark):
+  """Pieces -> the text of each word unit (a start and the pieces after it), `mark` removed."""
+  result = []
+  for piece, start in zip(pieces, starts):
+    if start or not result:
+      result.append("")
+    result[-1] += piece.removeprefix(mark)
+  return result
+
+
+def test_is_punctuation_matches_google():
+  from transformers.models.bert import tokenization_bert_legacy as legacy
+  chars = [chr(c) for c in list(range(0x3000)) + [0xff01, 0xff0c, 0x1f600, 0xe0001]]
+  assert [tokenization.is_punctuation(c) for c in chars] == [
+      legacy._is_punctuation(c) for c in chars]  # pylint: disable=protected-access
+  assert all(map(tokenization.is_punctuation, "$^`+<=>|~\u2014\u201c\u00a7"))
+  assert not any(map(tokenization.is_punctuation, "a \u00a3\u00a9\t"))
+
+
+def test_word_boundary_tables(tok):
+  starts, punctuation = tok.word_boundary_tables()
+  assert starts.shape == punctuation.shape == (tok.vocab_size,)
+  assert starts.dtype == punctuation.dtype == bool
+  np.testing.assert_array_equal(starts, tok.is_word_start(np.arange(tok.vocab_size)))
+  for i in range(tok.vocab_size):
+    text = tok.id_to_token(i).removeprefix("\u2581")
+    expected = i >= 5 and bool(text) and all(tokenization.is_punctuation(c) for c in text)
+    assert punctuation[i] == expected, tok.id_to_token(i)
+  assert not punctuation[:5].any()  # [PAD] [UNK] [CLS] [SEP] [MASK]
+  for piece in (".", ",", "\u2581\"", "--"):
+    assert punctuation[tok.token_to_id(piece)], piece
+  assert not punctuation[tok.token_to_id("\u2581the")]
+  assert not punctuation[tok.token_to_id("\u2581")]  # the mark alone is no punctuation
+
+
+@pytest.mark.parametrize("text", [
+    '"Well," said Emma, "it is so."',
+    "Mr. Darcy's indifference--unquestionably! And yet, she smiled.",
+    SENTENCES[1],
+])
+def test_word_starts_sentencepiece_follows_google(tok, text):
+  """Each word unit is one of Google's words, or a piece of several punctuation marks (',"')."""
+  ids = tok.encode(text)
+  pieces = [tok.id_to_token(i) for i in ids]
+  assert tok.unk_id not in ids
+  starts = tokenization.word_starts(np.array(ids), *tok.word_boundary_tables())
+  assert starts.shape == (len(ids),) and starts.dtype == bool
+  got = units(pieces, starts, "\u2581")
+  words = google_words(text)
+  assert "".join(got) == "".join(words)
+  expected, i = [], 0  # Google's words, runs of marks merged where one piece holds them
+  for unit in got:
+    if unit and all(map(tokenization.is_punctuation, unit)):
+      run = ""
+      while len(run) < len(unit):
+        run += words[i]
+        i += 1
+      expected.append(run)
+    else:
+      expected.append(words[i])
+      i += 1
+  assert got == expected, (pieces, got, words)
+  if text.startswith('"Well,"'):  # '\u2581"' 'Well' ',"' joined by is_word_start alone
+    assert got[:2] == ['"', "Well"]
+    assert not tok.is_word_start(np.array(ids[1]))
+
+
+def test_word_starts_rows_and_shapes():
+  # ids: 0 [CLS]-like start, 1 word start, 2 continuation, 3 punctuation (not a start)
+  starts = np.array([True, True, False, False])
+  punctuation = np.array([False, False, False, True])
+  ids = np.array([[0, 1, 2, 3, 2, 2, 3],
+                  [2, 2, 1, 3, 3, 2, 3]])
+  np.testing.assert_array_equal(tokenization.word_starts(ids, starts, punctuation), [
+      [True, True, False, True, True, False, True],
+      [False, False, True, True, True, True, True]])  # row 0's last "3" does not reach row 1
+  batch = np.stack([ids, ids[::-1]])  # [2, 2, 7]
+  result = tokenization.word_starts(batch, starts, punctuation)
+  assert result.shape == (2, 2, 7)
+  np.testing.assert_array_equal(result[1], tokenization.word_starts(ids[::-1], starts,
+                                                                      punctuation))
+  assert tokenization.word_starts(np.zeros((3, 0), int), starts, punctuation).shape == (3, 0)
+
+
+WORDPIECE_VOCAB = ["[PAD]", "[unused0]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "well", "said",
+                   "em", "##ma", "it", "is", "so", ",", '"', ".", "##.", "'", "s", "dar",
+                   "##cy", "un", "##question", "##ably", "-", "!", "##", "$", "\u2014"]
+
+
+def test_word_starts_wordpiece(tmp_path):
+  path = tmp_path / "vocab.txt"
+  path.write_text("".join(p + "\n" for p in WORDPIECE_VOCAB), encoding="utf-8")
+  tok = tokenization.WordPieceTokenizer(str(path), lowercase=True)
+  starts, punctuation = tok.word_boundary_tables()
+  np.testing.assert_array_equal(starts, [not p.startswith("##") for p in WORDPIECE_VOCAB])
+  assert [p for p, is_p in zip(WORDPIECE_VOCAB, punctuation) if is_p] == [
+      ",", '"', ".", "##.", "'", "-", "!", "$", "\u2014"]  # not "##" (nothing after the mark)
+  text = '"Well," said Emma, "it is so." Darcy\'s--unquestionably!'
+  ids = tok.encode(text)
+  pieces = [tok.id_to_token(i) for i in ids]
+  assert "##ma" in pieces and "##ably" in pieces and tok.unk_id not in ids
+  result = tokenization.word_starts(np.array(ids), starts, punctuation)
+  np.testing.assert_array_equal(result, [not p.startswith("##") for p in pieces])
+  assert units(pieces, result, "##") == google_words(text.lower())
+  # A "##" punctuation piece, and the piece after one, start words of their own.
+  ids = [tok.cls_id] + [tok.token_to_id(p) for p in ("so", "##.", "##ma", ".", "##ma")]
+  assert tokenization.word_starts(np.array(ids), starts, punctuation).tolist() == [
+      True, True, True, True, True, True]
+  assert tok.is_word_start(np.array(ids)).tolist() == [True, True, False, False, True, False]
+
+
 def test_training_is_deterministic_and_soft_limited(corpus, model_dir, tmp_path):
   tokenization.train_sentencepiece(iter(corpus), str(tmp_path / "again"), VOCAB_SIZE)
   assert (tmp_path / "again.model").read_bytes() == (model_dir / "austen.model").read_bytes()

@@ -90,15 +90,43 @@ def _expand(patterns: str | Sequence[str]) -> list[str]:
   return paths
 
 
-def _decode(path: str, data: bytes) -> str:
-  """UTF-8 bytes -> text; UserError naming the line and byte offset of the first bad byte."""
+def decode_text(path: str, data: bytes, first_line: int = 1, first_offset: int = 0) -> str:
+  """The bytes of a UTF-8 text file (or of a byte range of one) -> its text.
+
+  A byte order mark at the start of the file is dropped. A NUL byte anywhere means the file is
+  not text (a binary file, or UTF-16 text), and is refused like bytes that are not UTF-8.
+
+  Args:
+    path: the file's name, for the error messages.
+    data: [num_bytes] the file's bytes, or a range of them.
+    first_line: the line number (from 1) of data[0] within the file.
+    first_offset: the byte offset (from 0) of data[0] within the file; a byte order mark is
+      dropped only at offset 0.
+
+  Returns:
+    The text.
+
+  Raises:
+    UserError: naming the file, the line and the byte offset of the first NUL byte or the first
+      byte that is not UTF-8.
+  """
+  nul = data.find(b"\x00")
+  if nul >= 0:
+    line, offset = first_line + data.count(b"\n", 0, nul), first_offset + nul
+    raise UserError(f"{path} is not text (a binary file?): a NUL byte at line {line}, byte "
+                    f"offset {offset}; give a UTF-8 text file instead (convert UTF-16 text, "
+                    f"e.g. iconv -f UTF-16 -t UTF-8 {path} > {path}.utf8).")
   try:
-    return data.decode("utf-8").removeprefix("\ufeff")
+    text = data.decode("utf-8")
   except UnicodeDecodeError as e:
-    line = data.count(b"\n", 0, e.start) + 1
+    line, offset = first_line + data.count(b"\n", 0, e.start), first_offset + e.start
     bad = data[e.start:e.start + 4].hex(" ")
-    raise UserError(f"{path} is not UTF-8: line {line}, byte offset {e.start} ({bad}); "
+    raise UserError(f"{path} is not UTF-8: line {line}, byte offset {offset} ({bad}); "
                     f"convert it, e.g. iconv -f LATIN1 -t UTF-8 {path} > {path}.utf8") from None
+  return text.removeprefix("\ufeff") if first_offset == 0 else text
+
+
+_decode = decode_text  # the old private name, which other readers still call
 
 
 def read_text_files(patterns: str | Sequence[str]) -> list[list[str]]:
@@ -115,14 +143,14 @@ def read_text_files(patterns: str | Sequence[str]) -> list[list[str]]:
     documents: [num_documents][num_sentences] str, in file order.
 
   Raises:
-    UserError: a pattern matches no file, a match is a directory, a file is not UTF-8, or
+    UserError: a pattern matches no file, a match is a directory, a file is not UTF-8 text, or
       no file holds any text.
   """
   paths = _expand(patterns)
   documents = []
   for path in paths:
     with open(path, "rb") as f:
-      text = _decode(path, f.read())
+      text = decode_text(path, f.read())
     document = []
     for line in text.split("\n"):
       line = line.strip()
