@@ -185,7 +185,7 @@ def read_examples(task: str, split: str, data_dir: str) -> list[Example]:
   if os.path.isdir(path):
     raise UserError(f"{path} is a directory; GLUE {task} {split} must be a .tsv file there.")
   with open(path, "rb") as f:
-    text = sources._decode(path, f.read())  # pylint: disable=protected-access
+    text = sources.decode_text(path, f.read())
   test = split.startswith("test") or task == "ax"
   columns = _COLUMNS[task][1 if test else 0]
   needed = max(c for c in (columns.text_a, columns.text_b, columns.label, columns.index)

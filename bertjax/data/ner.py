@@ -84,7 +84,7 @@ def read_conll(path: str, label_column: int = -1) -> list[Sentence]:
   if os.path.isdir(path):
     raise UserError(f"{path} is a directory; give a CoNLL-format file (e.g. {path}/train.txt).")
   with open(path, "rb") as f:
-    text = sources._decode(path, f.read())  # pylint: disable=protected-access
+    text = sources.decode_text(path, f.read())
   sentences: list[Sentence] = []
   words, tags, first_line, tagged = [], [], 0, None
 

@@ -1,32 +1,19 @@
-"""Batches of examples held in memory: order, per-host sharding, a resumable position, masking.
+"""Batches of fine-tuning features held in memory: order, per-host sharding, a resumable position.
 
 `ExampleBatches` does the order and the slicing; `FeatureBatches` serves fixed fine-tuning
-features; `PretrainingBatches` masks pretraining examples. A pretraining batch is a dict of numpy
-arrays with fixed keys (DESIGN.md):
-
-  input_ids, segment_ids, input_mask     [batch, seq] int32
-  masked_lm_positions, masked_lm_ids     [batch, max_predictions] int32
-  masked_lm_weights                      [batch, max_predictions] float32 (0 = no prediction)
-  next_sentence_label                    [batch] int32 (1 = B is a random segment, as BERT)
-  example_weight                         [batch] float32: 1 for a real example, 0 for padding
-                                         (only eval batches pad; training batches are all 1)
+features (pretraining streams its batches from prepared shards: loader.py).
 
 Training (`iterate`) runs over epochs without end. Epoch e visits the examples in a permutation
 drawn from (seed, e), in global batches of `batch_size * process_count` examples, dropping the
 remainder; process p takes rows [p * batch_size, (p + 1) * batch_size) of each global batch, so
-all hosts step together and together see every example of the global batch once. With dynamic
-masking, example i is masked in epoch e from a generator seeded by (seed, e, i): the masks
-change every epoch and do not depend on batch size or host count. With static masking an
-example keeps the masks it came with (an example set read from disk) or gets fixed ones from
-(seed, i).
+all hosts step together and together see every example of the global batch once.
 
 Each training batch comes with the position after it, {"epoch": e, "index": j} (j = the next
 global batch of epoch e). Storing it with a checkpoint and passing it back to `iterate` replays
 exactly the batches that would have followed.
 
-Evaluation (`eval_batches`) goes once through the examples in their order with fixed masks, in
-the same per-host slices; the last global batch is padded with all-zero rows whose
-`example_weight` and `masked_lm_weights` are 0.
+Evaluation (`eval_batches`) goes once through the examples in their order, in the same per-host
+slices; the last global batch is padded with all-zero rows whose `example_weight` is 0.
 """
 from __future__ import annotations
 
@@ -34,14 +21,10 @@ from collections.abc import Iterator, Mapping
 
 import numpy as np
 
-from bertjax.data import pretraining_examples as pe
 from bertjax.errors import UserError
 
-BATCH_KEYS = pe.PAIR_KEYS + pe.MASK_KEYS + ("example_weight",)
 Position = dict[str, int]
-
-# Kinds of per-example generator, so dynamic and static masks never share a seed.
-_STATIC_MASKS, _DYNAMIC_MASKS, _EPOCH_ORDER = 0, 1, 2
+_EPOCH_ORDER = 2  # kind of seed of the epoch orders
 
 
 class ExampleBatches:
@@ -167,90 +150,6 @@ class FeatureBatches(ExampleBatches):
     batch = {key: value[rows] for key, value in self._features.items()}
     batch["example_weight"] = np.ones(len(rows), np.float32)
     return batch
-
-
-class PretrainingBatches(ExampleBatches):
-  """Masked LM + NSP batches for one host, from an example set held in memory.
-
-  Args:
-    examples: example set: `input_ids`, `segment_ids`, `input_mask` [N, seq] and
-      `next_sentence_label` [N] (create_segment_pairs), optionally with masks
-      (`masked_lm_positions`, `masked_lm_ids`, `masked_lm_weights` [N, max_predictions], as
-      load_static_examples gives). Dynamic masking restores the original tokens first.
-    batch_size: examples per batch on this host (the global batch is batch_size * process_count).
-    seed: seeds the order and the masks.
-    special: special ids (pretraining_examples.SpecialTokens).
-    masked_lm_prob, max_predictions_per_seq: masking rules (ignored where masks come from disk;
-      max_predictions_per_seq must then match them).
-    dynamic_masking: fresh masks every epoch; False: fixed masks.
-    whole_word_masking: mask whole words; needs word_start_table.
-    word_start_table: [vocab_size] bool, True for ids that start a word
-      (tokenizer.is_word_start(np.arange(vocab_size))).
-    process_index, process_count: this host and the number of hosts.
-    shuffle: permute the examples every epoch in training (eval never shuffles).
-  """
-
-  def __init__(self, examples: Mapping[str, np.ndarray], *, batch_size: int, seed: int,
-               special: pe.SpecialTokens, masked_lm_prob: float = 0.15,
-               max_predictions_per_seq: int = 20, dynamic_masking: bool = True,
-               whole_word_masking: bool = False, word_start_table: np.ndarray | None = None,
-               process_index: int = 0, process_count: int = 1, shuffle: bool = True):
-    missing = [key for key in pe.PAIR_KEYS if key not in examples]
-    if missing:
-      raise ValueError(f"example set lacks {missing}")
-    if whole_word_masking and word_start_table is None:
-      raise ValueError("whole_word_masking needs word_start_table")
-    super().__init__(len(examples["input_ids"]), batch_size=batch_size, seed=seed,
-                     process_index=process_index, process_count=process_count, shuffle=shuffle,
-                     too_few_hint="use a smaller batch size, a larger dupe_factor or more text")
-    if self.num_examples == 0:
-      raise UserError("the example set is empty; give more text (or a larger dupe_factor).")
-    self.special = special
-    self.masked_lm_prob = masked_lm_prob
-    self.max_predictions_per_seq = max_predictions_per_seq
-    self.dynamic_masking = dynamic_masking
-    self.word_start_table = (None if not whole_word_masking else
-                             np.asarray(word_start_table, bool))
-
-    self._pairs = {key: np.asarray(examples[key], np.int32) for key in pe.PAIR_KEYS}
-    self._disk_masks = None  # masks that came with the examples, used when masking is static
-    if all(key in examples for key in pe.MASK_KEYS):
-      width = examples["masked_lm_positions"].shape[1]
-      if width != max_predictions_per_seq:
-        raise UserError(f"the static examples have {width} predictions per sequence but "
-                        f"max_predictions_per_seq={max_predictions_per_seq}; set it to {width} "
-                        "or regenerate the examples.")
-      if dynamic_masking:  # mask afresh from the original tokens
-        self._pairs["input_ids"] = pe.unmask(examples)
-      else:
-        self._disk_masks = {key: np.asarray(examples[key]) for key in ("input_ids",) +
-                            pe.MASK_KEYS}
-
-  def _batch(self, rows: np.ndarray, epoch: int | None) -> dict[str, np.ndarray]:
-    """The batch of examples `rows`, masked for `epoch` (None = the fixed masks)."""
-    if not self.dynamic_masking:
-      epoch = None
-    batch = {key: value[rows] for key, value in self._pairs.items()}
-    if epoch is None and self._disk_masks is not None:
-      batch.update({key: value[rows] for key, value in self._disk_masks.items()})
-    else:
-      seq = batch["input_ids"].shape[1]
-      randoms = pe.stack_mask_randoms(
-          [pe.draw_mask_randoms(self._mask_rng(int(i), epoch), (seq,), self.special)
-           for i in rows], seq)
-      word_starts = (None if self.word_start_table is None else
-                     self.word_start_table[batch["input_ids"]])  # [batch, seq]
-      batch.update(pe.apply_masks(batch["input_ids"], batch["input_mask"], randoms,
-                                  self.special, self.masked_lm_prob,
-                                  self.max_predictions_per_seq, word_starts))
-    batch["example_weight"] = np.ones(len(rows), np.float32)
-    return {key: batch[key] for key in BATCH_KEYS}
-
-  def _mask_rng(self, example: int, epoch: int | None) -> np.random.Generator:
-    """The generator that masks `example` in `epoch` (None = its fixed masks)."""
-    if epoch is None:
-      return np.random.default_rng([self.seed, _STATIC_MASKS, example])
-    return np.random.default_rng([self.seed, _DYNAMIC_MASKS, epoch, example])
 
 
 def _check_position(position: Position | None, steps_per_epoch: int) -> tuple[int, int]:

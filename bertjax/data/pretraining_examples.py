@@ -20,17 +20,12 @@ Masking is vectorised over a batch (a [64, 128] batch takes well under a millise
 draws), so the pipeline can mask afresh every step. The random numbers an example needs are
 drawn by `draw_mask_randoms`, one call per example, so masks depend only on the generator an
 example is given, not on which batch it lands in.
-
-Also here: `save_static_examples` / `load_static_examples`, the .npz shards written by the
-`create_pretraining_data` command line and read by the pipeline.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
-import glob
-import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -38,12 +33,9 @@ from absl import logging
 
 from bertjax.errors import UserError
 
-# Keys of an example set (and of a batch, see pipeline.py). Unmasked sets have the first four.
+# Keys of an example set (and of a batch, see loader.py). Unmasked sets have the first four.
 PAIR_KEYS = ("input_ids", "segment_ids", "input_mask", "next_sentence_label")
 MASK_KEYS = ("masked_lm_positions", "masked_lm_ids", "masked_lm_weights")
-_DTYPES = {"input_ids": np.int32, "segment_ids": np.int32, "input_mask": np.int32,
-           "next_sentence_label": np.int32, "masked_lm_positions": np.int32,
-           "masked_lm_ids": np.int32, "masked_lm_weights": np.float32}
 
 # Share of chosen tokens that become [MASK], and (of the rest) that are replaced at random.
 _MASK_FRACTION = 0.8
@@ -101,7 +93,23 @@ class SpecialTokens:
 def create_segment_pairs(documents: Sequence[Sequence[Sequence[int]]], max_seq_length: int,
                          short_seq_prob: float, rng: np.random.Generator, special: SpecialTokens,
                          dupe_factor: int = 1) -> dict[str, np.ndarray]:
-  """Turns tokenized documents into unmasked `[CLS] A [SEP] B [SEP]` pairs.
+  """Turns tokenized documents into unmasked `[CLS] A [SEP] B [SEP]` pairs, padded.
+
+  Args: as `iter_segment_pairs`, plus special: the [CLS] / [SEP] / [PAD] ids.
+
+  Returns:
+    Example set with keys `input_ids`, `segment_ids`, `input_mask` [N, max_seq_length] int32
+    (0 after the real tokens) and `next_sentence_label` [N] int32 (1 = B is random, 0 = B
+    follows A), in document order.
+  """
+  return pad_pairs(list(iter_segment_pairs(documents, max_seq_length, short_seq_prob, rng,
+                                           dupe_factor)), max_seq_length, special)
+
+
+def iter_segment_pairs(documents: Sequence[Sequence[Sequence[int]]], max_seq_length: int,
+                       short_seq_prob: float, rng: np.random.Generator, dupe_factor: int = 1
+                       ) -> Iterator[tuple[np.ndarray, np.ndarray, bool]]:
+  """Yields the NSP segment pairs of tokenized documents, one at a time (module docstring).
 
   Args:
     documents: documents -> sentences -> token ids (no special tokens). Empty sentences and
@@ -110,13 +118,10 @@ def create_segment_pairs(documents: Sequence[Sequence[Sequence[int]]], max_seq_l
     max_seq_length: length of each row, special tokens and padding included (>= 5).
     short_seq_prob: chance that a document pass targets a random shorter length.
     rng: the generator all choices are drawn from, in document order.
-    special: the [CLS] / [SEP] / [PAD] ids.
     dupe_factor: passes over the corpus (each pass pairs the sentences differently).
 
-  Returns:
-    Example set with keys `input_ids`, `segment_ids`, `input_mask` [N, max_seq_length] int32
-    (0 after the real tokens) and `next_sentence_label` [N] int32 (1 = B is random, 0 = B
-    follows A), in document order.
+  Yields:
+    (A token ids, B token ids, is_random_next), with len(A) + len(B) <= max_seq_length - 3.
   """
   if max_seq_length < 5:
     raise UserError(f"max_seq_length={max_seq_length} leaves no room for [CLS] A [SEP] B [SEP]; "
@@ -132,11 +137,14 @@ def create_segment_pairs(documents: Sequence[Sequence[Sequence[int]]], max_seq_l
     logging.warning("The corpus is a single document, so 'random next' segments come from the "
                     "same document; separate documents with blank lines for a real NSP task.")
   max_num_tokens = max_seq_length - 3  # room for [CLS], [SEP], [SEP]
-  pairs: list[tuple[np.ndarray, np.ndarray, bool]] = []
   for _ in range(dupe_factor):
     for doc_index in range(len(docs)):
-      pairs.extend(_pairs_from_document(docs, doc_index, max_num_tokens, short_seq_prob, rng))
+      yield from _pairs_from_document(docs, doc_index, max_num_tokens, short_seq_prob, rng)
 
+
+def pad_pairs(pairs: Sequence[tuple[np.ndarray, np.ndarray, bool]], max_seq_length: int,
+              special: SpecialTokens) -> dict[str, np.ndarray]:
+  """(A, B, is_random_next) pairs -> the padded example set of `create_segment_pairs`."""
   n = len(pairs)
   input_ids = np.full((n, max_seq_length), special.pad, np.int32)
   segment_ids = np.zeros((n, max_seq_length), np.int32)
@@ -408,56 +416,3 @@ def unmask(examples: Mapping[str, np.ndarray]) -> np.ndarray:
   rows = np.broadcast_to(np.arange(len(input_ids))[:, None], positions.shape)
   input_ids[rows[real], positions[real]] = examples["masked_lm_ids"][real]
   return input_ids
-
-
-# ----------------------------------------------------------------------------------------------
-# Static example sets on disk (.npz shards).
-
-
-def save_static_examples(examples: Mapping[str, np.ndarray], output_dir: str,
-                         num_shards: int) -> list[str]:
-  """Writes a masked example set as `examples-XXXXX-of-YYYYY.npz` shards (contiguous slices).
-
-  Returns the paths written.
-  """
-  n = len(examples["input_ids"])
-  num_shards = max(1, min(num_shards, n))
-  os.makedirs(output_dir, exist_ok=True)
-  paths = []
-  for shard, rows in enumerate(np.array_split(np.arange(n), num_shards)):
-    path = os.path.join(output_dir, f"examples-{shard:05d}-of-{num_shards:05d}.npz")
-    np.savez(path, **{key: examples[key][rows[0]:rows[-1] + 1] if len(rows) else
-                      examples[key][:0] for key in PAIR_KEYS + MASK_KEYS})
-    paths.append(path)
-  return paths
-
-
-def load_static_examples(pattern: str) -> dict[str, np.ndarray]:
-  """Reads the .npz shards matching `pattern` (comma-separated globs, or a directory) into one
-  example set with the keys of PAIR_KEYS + MASK_KEYS, shards in sorted path order."""
-  paths = []
-  for part in (p.strip() for p in pattern.split(",") if p.strip()):
-    if os.path.isdir(part):
-      part = os.path.join(part, "*.npz")
-    paths.extend(sorted(glob.glob(part)))
-  if not paths:
-    raise UserError(f"no .npz shards match {pattern!r}; give the --output_dir of "
-                    "bertjax.data.create_pretraining_data (or a glob of its .npz files).")
-  parts: dict[str, list[np.ndarray]] = {key: [] for key in PAIR_KEYS + MASK_KEYS}
-  for path in paths:
-    try:
-      with np.load(path) as shard:
-        missing = [key for key in parts if key not in shard]
-        if missing:
-          raise UserError(f"{path} lacks {missing}; it was not written by "
-                          "bertjax.data.create_pretraining_data. Regenerate the shards.")
-        for key in parts:
-          parts[key].append(shard[key].astype(_DTYPES[key]))
-    except (OSError, ValueError) as e:
-      raise UserError(f"cannot read {path} as an .npz shard ({e}); regenerate it.") from e
-  try:
-    return {key: np.concatenate(arrays) for key, arrays in parts.items()}
-  except ValueError as e:
-    raise UserError(f"the shards matching {pattern!r} have different shapes ({e}); they were "
-                    "made with different --max_seq_length or --max_predictions_per_seq. "
-                    "Use shards from one run.") from e

@@ -68,7 +68,7 @@ def split_sentences(paragraph: str) -> list[str]:
 # Local text files.
 
 
-def _expand(patterns: str | Sequence[str]) -> list[str]:
+def expand_globs(patterns: str | Sequence[str]) -> list[str]:
   """Globs (a list, or one comma-separated string) -> the files, sorted within each pattern."""
   if isinstance(patterns, (str, os.PathLike)):
     patterns = [os.fspath(patterns)]
@@ -126,9 +126,6 @@ def decode_text(path: str, data: bytes, first_line: int = 1, first_offset: int =
   return text.removeprefix("\ufeff") if first_offset == 0 else text
 
 
-_decode = decode_text  # the old private name, which other readers still call
-
-
 def read_text_files(patterns: str | Sequence[str]) -> list[list[str]]:
   """Reads documents from text files in google-research/bert's pretraining format.
 
@@ -146,25 +143,31 @@ def read_text_files(patterns: str | Sequence[str]) -> list[list[str]]:
     UserError: a pattern matches no file, a match is a directory, a file is not UTF-8 text, or
       no file holds any text.
   """
-  paths = _expand(patterns)
+  paths = expand_globs(patterns)
   documents = []
   for path in paths:
     with open(path, "rb") as f:
-      text = decode_text(path, f.read())
-    document = []
-    for line in text.split("\n"):
-      line = line.strip()
-      if line:
-        document.append(line)
-      elif document:
-        documents.append(document)
-        document = []
-    if document:
-      documents.append(document)
+      documents += text_documents(decode_text(path, f.read()))
   if not documents:
     names = ", ".join(paths) if len(paths) <= 3 else f"{paths[0]} and {len(paths) - 1} more"
     raise UserError(f"{names} holds no text; give files with one sentence per line and a "
                     "blank line between documents.")
+  return documents
+
+
+def text_documents(text: str) -> list[list[str]]:
+  """Text in google-research/bert's format -> its documents (lists of stripped lines); a blank
+  line ends a document, and so does the end of the text."""
+  documents, document = [], []
+  for line in text.split("\n"):
+    line = line.strip()
+    if line:
+      document.append(line)
+    elif document:
+      documents.append(document)
+      document = []
+  if document:
+    documents.append(document)
   return documents
 
 
@@ -198,16 +201,7 @@ def read_tfds(name: str, split: str, feature: str,
       or no text at all.
   """
   builder = open_tfds_builder(name, data_dir)
-  splits = list(builder.info.splits)
-  try:
-    builder.info.splits[split]
-  except (KeyError, ValueError, TypeError):
-    raise UserError(f"TFDS dataset {name!r} has no split {split!r}; use one of "
-                    f"{', '.join(splits)} (slices like 'train[:10%]' work too).") from None
-  features = builder.info.features
-  if feature not in features:
-    raise UserError(f"TFDS dataset {name!r} has no feature {feature!r}; its features are "
-                    f"{', '.join(sorted(features))}.")
+  check_tfds_text(builder, name, split, feature)
   documents = []
   for value in (example[feature] for example in tfds_examples(builder, split)):
     if isinstance(value, bytes):
@@ -219,6 +213,20 @@ def read_tfds(name: str, split: str, feature: str,
     raise UserError(f"TFDS dataset {name!r} split {split!r} feature {feature!r} holds no text; "
                     "choose a text feature.")
   return documents
+
+
+def check_tfds_text(builder, name: str, split: str, feature: str) -> None:
+  """UserError if a TFDS dataset lacks the split or the (text) feature asked for."""
+  splits = list(builder.info.splits)
+  try:
+    builder.info.splits[split]
+  except (KeyError, ValueError, TypeError):
+    raise UserError(f"TFDS dataset {name!r} has no split {split!r}; use one of "
+                    f"{', '.join(splits)} (slices like 'train[:10%]' work too).") from None
+  features = builder.info.features
+  if feature not in features:
+    raise UserError(f"TFDS dataset {name!r} has no feature {feature!r}; its features are "
+                    f"{', '.join(sorted(features))}.")
 
 
 def open_tfds_builder(name: str, data_dir: str | None, alternative: str = ""):

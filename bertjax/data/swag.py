@@ -85,7 +85,7 @@ def read_examples(path: str) -> list[Example]:
     raise UserError(f"{path} is a directory; give a SWAG .csv file in it (train.csv, val.csv or "
                     "test.csv).")
   with open(path, "rb") as f:
-    text = sources._decode(path, f.read())  # pylint: disable=protected-access
+    text = sources.decode_text(path, f.read())
   reader = csv.reader(io.StringIO(text, newline=""))
   header = next(reader, None)
   if not header:

@@ -1,14 +1,16 @@
 """Pretraining: masked LM + next-sentence prediction on the user's text (the paper, section 3.1).
 
-Text (the bundled corpus, the user's files, a TFDS dataset, or example shards written by
-`bertjax.data.create_pretraining_data`) -> a sentencepiece tokenizer (WORKDIR/vocab.model, trained
-once and reused) -> documents split into training and held-out documents -> NSP segment pairs ->
-masked batches (`bertjax.data.pipeline`) -> `BertForPreTraining` -> the trainer.
+Text (the bundled corpus, the user's files or a TFDS dataset) is prepared once by
+`bertjax.data.prepare` into shards: a vocabulary, tokenized documents split into training and
+held-out ones, NSP pairs per sequence length. A run takes `data.prepared` (a directory made by
+that command) or prepares its text into WORKDIR/data on first use and reuses it after. Batches
+stream from the shards (`bertjax.data.loader`) into `BertForPreTraining` and the trainer.
 
 Sequence-length phases: as in the paper, a run can train the first steps at
 `data.max_seq_length` (128) and the rest at `data.long_seq_length` (512), from step
-`train.long_seq_from_step`. The long examples are built when the run reaches that step, and the
-data position stored with each checkpoint records the phase, so a resumed run continues in it.
+`train.long_seq_from_step`; each phase reads its own pairs. The data position stored with each
+checkpoint records the phase and the global stream position, so a resumed run continues in it,
+on any number of hosts.
 """
 from __future__ import annotations
 
@@ -16,30 +18,27 @@ import os
 from typing import Any, Iterator
 
 import jax
+from jax.experimental import multihost_utils
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
 
 from bertjax import model_files, tokenization, train
+from bertjax.data import loader, prepare, sources
 from bertjax.data import pretraining_examples as pe
-from bertjax.data import sources
-from bertjax.data.pipeline import PretrainingBatches
 from bertjax.errors import UserError
 from bertjax.models import bert, heads
 
-VOCAB_FILE = "vocab.model"
+DATA_DIR = "data"  # WORKDIR/data: the config's text, prepared on first use
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:
   """Raises UserError naming the first field of the pretraining config that cannot work."""
   data, tr = config.data, config.train
-  chosen = [name for name in ("input_files", "tfds_name", "static_examples") if data[name]]
+  chosen = [name for name in ("input_files", "tfds_name", "prepared") if data[name]]
   if len(chosen) > 1:
     raise UserError(f"data.{' and data.'.join(chosen)} are all set; give one source of text.")
-  if data.static_examples and not data.vocab_model:
-    raise UserError("data.static_examples needs data.vocab_model, the sentencepiece model the "
-                    "examples were made with.")
   if not 0 < data.masked_lm_prob < 1:
     raise UserError(f"data.masked_lm_prob={data.masked_lm_prob}; use a value in (0, 1), e.g. "
                     "0.15.")
@@ -48,6 +47,11 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   for name in ("max_seq_length", "max_predictions_per_seq", "dupe_factor", "vocab_size"):
     if data[name] < 1:
       raise UserError(f"data.{name}={data[name]}; use 1 or more.")
+  for length, name in ((data.max_seq_length, "max_predictions_per_seq"),
+                       (data.long_seq_length, "long_max_predictions_per_seq")):
+    if length and data[name] > length:
+      raise UserError(f"data.{name}={data[name]} is more than the {length} tokens of a "
+                      f"sequence; use at most {length} (the paper: 20 at 128, 80 at 512).")
   longest = max(data.max_seq_length, data.long_seq_length)
   if longest > config.model.max_position_embeddings:
     raise UserError(f"sequences of {longest} tokens need model.max_position_embeddings >= "
@@ -81,56 +85,67 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> bert.Ber
 
 
 # ----------------------------------------------------------------------------------------------
-# Text and tokenizer.
+# Prepared data.
 
 
-def read_documents(config: ml_collections.ConfigDict) -> list[list[str]]:
-  """Documents (lists of sentences) from the source the config names (default: bundled)."""
+def prepare_options(config: ml_collections.ConfigDict) -> prepare.Options:
+  """The bertjax.data.prepare flags of the text a config names (default: the bundled corpus)."""
   data = config.data
+  lengths = [data.max_seq_length] + ([data.long_seq_length] if data.long_seq_length else [])
+  predictions = [data.max_predictions_per_seq] + (
+      [data.long_max_predictions_per_seq] if data.long_seq_length else [])
+  source = data.input_files or sources.BUNDLED_CORPUS
   if data.tfds_name:
-    return sources.read_tfds(data.tfds_name, data.tfds_split, data.tfds_feature,
-                             data.tfds_data_dir or None)
-  return sources.read_text_files(data.input_files or sources.BUNDLED_CORPUS)
+    source = f"tfds:{data.tfds_name}:{data.tfds_split}"
+  return prepare.Options(
+      input=source, vocab=data.vocab_model, vocab_size=data.vocab_size,
+      max_seq_length=tuple(lengths), max_predictions_per_seq=tuple(predictions),
+      dupe_factor=data.dupe_factor, short_seq_prob=data.short_seq_prob,
+      eval_fraction=data.eval_fraction, static_masks=not data.dynamic_masking,
+      masked_lm_prob=data.masked_lm_prob, whole_word_masking=data.whole_word_masking,
+      seed=config.seed, tfds_feature=data.tfds_feature, tfds_data_dir=data.tfds_data_dir)
 
 
-def load_tokenizer(config: ml_collections.ConfigDict, workdir: str,
-                   documents: list[list[str]] | None) -> tokenization.Tokenizer:
-  """`data.vocab_model` if given (a sentencepiece .model or a WordPiece vocab.txt); else
-  WORKDIR/vocab.model, trained on `documents` if absent."""
-  if config.data.vocab_model:
-    return tokenization.load_tokenizer(config.data.vocab_model)
-  path = os.path.join(workdir, VOCAB_FILE)
-  if os.path.exists(path):
-    return tokenization.SentencePieceTokenizer(path)
+def prepared_data(config: ml_collections.ConfigDict, workdir: str) -> loader.PreparedData:
+  """`data.prepared`, or the config's text prepared into WORKDIR/data (by host 0; the others
+  wait for it, so WORKDIR must be shared) on first use and reused after."""
+  if config.data.prepared:
+    return loader.PreparedData(config.data.prepared)
+  directory = os.path.join(workdir, DATA_DIR)
+  if jax.process_index() == 0:
+    prepare.prepare(prepare_options(config), directory, workers=config.data.prepare_workers)
   if jax.process_count() > 1:
-    raise UserError("a multi-host run cannot train its vocabulary on every host; train one "
-                    "first (a single-host run, or bertjax.tokenization) and pass "
-                    "--config.data.vocab_model=PATH.")
-  if documents is None:
-    raise UserError(f"no vocabulary: set data.vocab_model or put one at {path}.")
-  os.makedirs(workdir, exist_ok=True)
-  return tokenization.load_or_train_sentencepiece(
-      lambda: (s for doc in documents for s in doc), path, config.data.vocab_size)
+    multihost_utils.sync_global_devices("bertjax: pretraining data prepared")
+    if not os.path.isfile(os.path.join(directory, prepare.INFO_FILE)):
+      raise UserError(f"host {jax.process_index()} does not see {directory}, which host 0 "
+                      "prepared: the workdir is not shared. Prepare the data once with "
+                      "python -m bertjax.data.prepare into a directory every host reads, and "
+                      "pass --config.data.prepared=DIR.")
+  return loader.PreparedData(directory)
 
 
-def split_documents(documents: list[Any], eval_fraction: float,
-                    seed: int) -> tuple[list[Any], list[Any]]:
-  """(training, held-out) documents: a seeded random `eval_fraction` of them is held out."""
-  if eval_fraction == 0 or len(documents) < 3:
-    return documents, []
-  order = np.random.default_rng([seed, 1]).permutation(len(documents))
-  num_eval = max(2, round(eval_fraction * len(documents)))  # NSP needs two documents
-  held_out = set(order[:num_eval].tolist())
-  return ([d for i, d in enumerate(documents) if i not in held_out],
-          [d for i, d in enumerate(documents) if i in held_out])
-
-
-def most_common_token(examples: dict[str, np.ndarray], special: pe.SpecialTokens) -> int:
-  """The most frequent non-special token of an example set: the frequency baseline's guess."""
-  ids = pe.unmask(examples) if "masked_lm_positions" in examples else examples["input_ids"]
-  counts = np.bincount(ids[examples["input_mask"] > 0], minlength=special.vocab_size)
-  counts[sorted(special.ids_never_masked)] = 0
-  return int(np.argmax(counts))
+def check_prepared(data: loader.PreparedData, config: ml_collections.ConfigDict, tok) -> None:
+  """UserError, before any step, if prepared data cannot serve the run: another vocabulary,
+  no pairs at a sequence length a phase needs, or stored masks of another kind."""
+  given = config.data.vocab_model
+  if given:
+    given_tok = tokenization.load_tokenizer(given)
+    if prepare.vocab_sha256(given_tok) != data.info["vocab"]["sha256"]:
+      raise UserError(f"{data.directory} was prepared with another vocabulary than "
+                      f"data.vocab_model={given}; drop data.vocab_model (the data's own, "
+                      f"{data.info['vocab']['file']}, is used) or prepare the text again with it.")
+  for length, field in ((config.data.max_seq_length, "max_seq_length"),
+                        (config.data.long_seq_length, "long_seq_length")):
+    if length and length not in data.lengths:
+      raise UserError(f"{data.directory} holds pairs of {', '.join(map(str, data.lengths))} "
+                      f"tokens, not the {length} of data.{field}; prepare it with "
+                      f"--max_seq_length={','.join(map(str, sorted({*data.lengths, length})))}, "
+                      f"or set data.{field} to a length it holds.")
+  if data.flags["whole_word_masking"] != config.data.whole_word_masking and \
+      data.flags["static_masks"]:
+    raise UserError(f"{data.directory} stores masks made with whole_word_masking="
+                    f"{data.flags['whole_word_masking']}; set data.whole_word_masking to match.")
+  del tok
 
 
 # ----------------------------------------------------------------------------------------------
@@ -177,108 +192,73 @@ def score(totals: dict[str, Any], predictions: None) -> dict[str, float]:
 class _Phases:
   """Training batches over the sequence-length phases, with a position that records the phase.
 
-  Position: {"phase": 0 or 1, "batches": batches served so far, "epoch", "index"} (the last two
-  from PretrainingBatches, for the current phase).
+  Position: {"phase": 0 or 1, "batches": batches served so far, "examples": the global stream
+  position in the current phase (loader.PairBatches.iterate)}.
   """
 
-  def __init__(self, make_batches, switch_step: int):
-    self._make_batches = make_batches  # phase -> PretrainingBatches (built on first use)
+  def __init__(self, phases: list[loader.PairBatches], switch_step: int):
+    self.phases = phases
     self._switch_step = switch_step  # 0 = one phase
-    self._built: dict[int, PretrainingBatches] = {}
-
-  def batches(self, phase: int) -> PretrainingBatches:
-    if phase not in self._built:
-      self._built[phase] = self._make_batches(phase)
-    return self._built[phase]
 
   def iterate(self, position: dict | None) -> Iterator[tuple[dict, dict]]:
-    position = dict(position or {"phase": 0, "batches": 0})
-    phase, served = int(position.pop("phase")), int(position.pop("batches"))
-    inner = self.batches(phase).iterate(position or None)
+    position = position or {"phase": 0, "batches": 0, "examples": 0}
+    try:
+      phase, served, examples = (int(position[k]) for k in ("phase", "batches", "examples"))
+      if phase >= len(self.phases):
+        raise ValueError(phase)
+    except (KeyError, TypeError, ValueError) as e:
+      raise UserError(f"data position {position!r} is not {{'phase', 'batches', 'examples'}} of "
+                      "this data: the checkpoint comes from another data pipeline. Start from a "
+                      "fresh workdir.") from e
+    inner = self.phases[phase].iterate(examples)
     while True:
       if phase == 0 and self._switch_step and served == self._switch_step:
-        phase, inner = 1, self.batches(1).iterate(None)
-      batch, inner_position = next(inner)
+        phase, inner = 1, self.phases[1].iterate(0)
+      batch, examples = next(inner)
       served += 1
-      yield batch, {"phase": phase, "batches": served, **inner_position}
+      yield batch, {"phase": phase, "batches": served, "examples": examples}
 
 
 def make_task(config: ml_collections.ConfigDict, workdir: str) -> train.Task:
-  """Reads the text, tokenizes it and builds the pretraining Task (no workdir file but the
-  vocabulary, WORKDIR/vocab.model, is written)."""
+  """Prepares the text if needed (WORKDIR/data) and builds the pretraining Task."""
   check_config(config)
   data, tr = config.data, config.train
-  process_count = jax.process_count()
-
-  documents = None if data.static_examples else read_documents(config)
-  tok = load_tokenizer(config, workdir, documents)
+  prepared = prepared_data(config, workdir)
+  tok = prepared.tokenizer()
+  check_prepared(prepared, config, tok)
   special = pe.SpecialTokens.from_tokenizer(tok)
-  rng = np.random.default_rng(config.seed)
-  if data.static_examples:
-    examples = pe.load_static_examples(data.static_examples)
-    if examples["input_ids"].shape[1] != data.max_seq_length:
-      raise UserError(f"the static examples have {examples['input_ids'].shape[1]} tokens per "
-                      f"sequence but data.max_seq_length={data.max_seq_length}; set it to match.")
-    if int(examples["input_ids"].max()) >= tok.vocab_size:
-      raise UserError(f"the static examples hold token ids >= {tok.vocab_size}, the size of "
-                      f"data.vocab_model; give the vocabulary they were made with.")
-    num_eval = int(len(examples["input_ids"]) * data.eval_fraction)
-    eval_examples = {k: v[len(v) - num_eval:] for k, v in examples.items()} if num_eval else None
-    examples = {k: v[:len(v) - num_eval] for k, v in examples.items()}
-    train_documents = None
-  else:
-    tokenized = [tok.encode_batch(doc) for doc in documents]
-    train_documents, eval_documents = split_documents(tokenized, data.eval_fraction, config.seed)
-    examples = pe.create_segment_pairs(train_documents, data.max_seq_length,
-                                       data.short_seq_prob, rng, special, data.dupe_factor)
-    eval_examples = (pe.create_segment_pairs(eval_documents, data.max_seq_length,
-                                             data.short_seq_prob, rng, special, 1)
-                     if eval_documents else None)
-  baseline_token = most_common_token(examples, special)
-  word_start_table = (np.asarray(tok.is_word_start(np.arange(tok.vocab_size)), bool)
-                      if data.whole_word_masking else None)
+  word_tables = tok.word_boundary_tables() if data.whole_word_masking else None
 
-  def pipeline(example_set, *, batch_size, max_predictions, dynamic, shuffle):
-    return PretrainingBatches(
-        example_set, batch_size=batch_size // process_count, seed=config.seed, special=special,
-        masked_lm_prob=data.masked_lm_prob, max_predictions_per_seq=max_predictions,
-        dynamic_masking=dynamic, whole_word_masking=data.whole_word_masking,
-        word_start_table=word_start_table, process_index=jax.process_index(),
-        process_count=process_count, shuffle=shuffle)
+  def batches(length: int, max_predictions: int, batch_size: int) -> loader.PairBatches:
+    masking = loader.Masking(special, data.masked_lm_prob, max_predictions,
+                             data.dynamic_masking, config.seed, word_tables)
+    return loader.PairBatches(prepared, length, masking,
+                              batch_size=batch_size // jax.process_count(),
+                              process_index=jax.process_index(),
+                              process_count=jax.process_count(), threads=data.loader_threads)
 
-  def phase_batches(phase: int) -> PretrainingBatches:
-    if phase == 0:
-      return pipeline(examples, batch_size=tr.batch_size,
-                      max_predictions=data.max_predictions_per_seq,
-                      dynamic=data.dynamic_masking, shuffle=True)
-    if train_documents is None:
-      raise UserError("data.long_seq_length needs text, not data.static_examples; write long "
-                      "examples with create_pretraining_data and train them in a second run.")
-    long_examples = pe.create_segment_pairs(
-        train_documents, data.long_seq_length, data.short_seq_prob,
-        np.random.default_rng([config.seed, 2]), special, data.dupe_factor)
-    return pipeline(long_examples, batch_size=tr.batch_size,
-                    max_predictions=data.long_max_predictions_per_seq,
-                    dynamic=data.dynamic_masking, shuffle=True)
-
-  phases = _Phases(phase_batches, tr.long_seq_from_step if data.long_seq_length else 0)
-  eval_pipeline = None
-  if eval_examples is not None and len(eval_examples["input_ids"]):
-    eval_pipeline = pipeline(eval_examples, batch_size=tr.eval_batch_size,
-                             max_predictions=data.max_predictions_per_seq, dynamic=False,
-                             shuffle=False)
+  phases = [batches(data.max_seq_length, data.max_predictions_per_seq, tr.batch_size)]
+  if data.long_seq_length:
+    phases.append(batches(data.long_seq_length, data.long_max_predictions_per_seq,
+                          tr.batch_size))
+  eval_batches = batches(data.max_seq_length, data.max_predictions_per_seq, tr.eval_batch_size)
+  num_eval = eval_batches.num_examples("heldout")
+  baseline_token = int(prepared.info["most_common_token"])
   bert_config = model_config(config, tok.vocab_size)
-  print(f"pretraining: {len(examples['input_ids'])} training examples "
-        f"({phases.batches(0).steps_per_epoch} steps per epoch), "
-        f"{0 if eval_pipeline is None else eval_pipeline.num_examples} held-out examples, "
-        f"vocabulary {tok.vocab_size}, "
-        f"frequency baseline token {tok.id_to_token(baseline_token)!r}")
+  print(f"pretraining on {prepared.directory}: {phases[0].num_examples()} training examples "
+        f"({phases[0].num_examples() // tr.batch_size} steps per epoch), {num_eval} held-out "
+        f"examples, vocabulary {tok.vocab_size}, frequency baseline token "
+        f"{tok.id_to_token(baseline_token)!r}")
+  with open(os.path.join(prepared.directory, prepared.info["vocab"]["file"]), "rb") as f:
+    vocab = f.read()
   return train.Task(
       model=heads.BertForPreTraining(bert_config), terms=make_terms(baseline_token),
       batches=train.Batches(
-          train=phases.iterate, eval=None if eval_pipeline is None else eval_pipeline.eval_batches),
+          train=_Phases(phases, tr.long_seq_from_step if data.long_seq_length else 0).iterate,
+          eval=eval_batches.eval_batches if num_eval else None),
       score=score,
-      files={model_files.BERT_CONFIG_FILE: model_files.bert_config_json(bert_config)})
+      files={model_files.BERT_CONFIG_FILE: model_files.bert_config_json(bert_config),
+             prepared.info["vocab"]["file"]: vocab})
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:

@@ -1,0 +1,227 @@
+"""Pretraining batches streamed from prepared shards (bertjax.data.prepare) with grain.
+
+A batch is a dict of numpy arrays with fixed keys (DESIGN.md):
+
+  input_ids, segment_ids, input_mask     [batch, seq] int32
+  masked_lm_positions, masked_lm_ids     [batch, max_predictions] int32
+  masked_lm_weights                      [batch, max_predictions] float32 (0 = no prediction)
+  next_sentence_label                    [batch] int32 (1 = B is a random segment, as BERT)
+  example_weight                         [batch] float32: 1 for a real example, 0 for padding
+                                         (only eval batches pad; training batches are all 1)
+
+Training reads one global stream: the pair records of a phase, in a fresh global permutation
+every epoch (grain's index shuffle: no permutation is held in memory), without end. Host p of P
+takes stream elements p, p + P, p + 2P, ... (grain's per-process slicing), `batch_size` at a
+time, so the hosts' batches together are the stream's next `batch_size * P` elements. The
+position is global: the number of stream elements consumed. Any number of hosts can resume
+from it (it must divide by the host count), and the epoch's remaining examples are each seen
+once. Only the records of a host's own rows are read (one parallel array_record read a batch).
+
+Masks: with dynamic masking, the example of record r is masked in epoch e from a generator
+seeded by (seed, e, r), so masks change every epoch and do not depend on the batch size or the
+host count. With static masking a record keeps the masks stored at preparation, or gets fixed
+ones from (seed, r). Evaluation goes once through the held-out pairs in order with fixed masks,
+in the same per-host slices; the last batch is padded with all-zero rows of weight 0.
+"""
+from __future__ import annotations
+
+import bisect
+import json
+import os
+from collections.abc import Iterator
+
+import numpy as np
+
+from bertjax.data import pretraining_examples as pe
+from bertjax.data import shards
+from bertjax.errors import UserError
+
+BATCH_KEYS = pe.PAIR_KEYS + pe.MASK_KEYS + ("example_weight",)
+_STATIC_MASKS, _DYNAMIC_MASKS, _ORDER = 0, 1, 2  # kinds of seed, so no two draws share one
+
+
+class PreparedData:
+  """A directory written by bertjax.data.prepare: its info.json, tokenizer and shard sources.
+
+  Raises UserError if the directory holds no finished preparation.
+  """
+
+  def __init__(self, directory: str):
+    from bertjax.data import prepare  # pylint: disable=import-outside-toplevel
+
+    self.directory = directory
+    path = os.path.join(directory, prepare.INFO_FILE)
+    if not os.path.isfile(path):
+      hint = (" (its preparation did not finish: rerun bertjax.data.prepare with the same flags "
+              "to resume it)" if os.path.exists(os.path.join(directory, prepare.PLAN_FILE))
+              else "")
+      raise UserError(f"{directory} holds no prepared data: no {prepare.INFO_FILE}{hint}. "
+                      "Make it with python -m bertjax.data.prepare.")
+    try:
+      with open(path) as f:
+        self.info = json.load(f)
+      self.flags = self.info["flags"]
+      self.dtype = np.dtype(self.info["vocab"]["token_dtype"])
+    except (OSError, ValueError, KeyError) as e:
+      raise UserError(f"{path} is damaged ({e}); prepare the data again.") from None
+    self._sources = {}
+
+  def tokenizer(self):
+    """The tokenizer of the vocabulary the shards were made with."""
+    from bertjax import tokenization  # pylint: disable=import-outside-toplevel
+
+    return tokenization.load_tokenizer(os.path.join(self.directory, self.info["vocab"]["file"]))
+
+  @property
+  def lengths(self) -> list[int]:
+    """The sequence lengths prepared (one set of pairs each)."""
+    return [int(n) for n in self.info["phases"]]
+
+  def stored_predictions(self, length: int) -> int:
+    """max_predictions_per_seq of the stored masks at `length` (0: none stored)."""
+    if not self.flags["static_masks"]:
+      return 0
+    return int(self.flags["max_predictions_per_seq"][self.flags["max_seq_length"].index(length)])
+
+  def pairs(self, length: int, split: str) -> tuple[object, list[str], list[int]]:
+    """(grain data source, shard paths, record counts) of the `split` pairs at `length`."""
+    key = (length, split)
+    if key not in self._sources:
+      listing = self.info["phases"][str(length)][split]
+      paths = [os.path.join(self.directory, name) for name, _ in listing]
+      counts = [int(n) for _, n in listing]
+      source = shards.open_shards(paths, counts) if paths else []
+      self._sources[key] = (source, paths, counts)
+    return self._sources[key]
+
+
+class Masking:
+  """How a batch is masked: the rules, the special ids, and the word tables of whole-word
+  masking (`Tokenizer.word_boundary_tables`, or None)."""
+
+  def __init__(self, special: pe.SpecialTokens, masked_lm_prob: float, max_predictions: int,
+               dynamic: bool, seed: int, word_tables: tuple[np.ndarray, np.ndarray] | None):
+    self.special, self.masked_lm_prob = special, masked_lm_prob
+    self.max_predictions, self.dynamic, self.seed = max_predictions, dynamic, seed
+    self.word_tables = word_tables
+
+  def apply(self, pairs: dict[str, np.ndarray], records: np.ndarray,
+            epochs: np.ndarray | None) -> dict[str, np.ndarray]:
+    """Masks padded pairs ([n, seq] arrays) of `records` ([n] indices) for `epochs` ([n], or
+    None for the fixed masks)."""
+    from bertjax import tokenization  # pylint: disable=import-outside-toplevel
+
+    seq = pairs["input_ids"].shape[1]
+    randoms = pe.stack_mask_randoms([
+        pe.draw_mask_randoms(self._rng(int(r), None if epochs is None else int(e)), (seq,),
+                             self.special)
+        for r, e in zip(records, records if epochs is None else epochs)], seq)
+    starts = (None if self.word_tables is None else
+              tokenization.word_starts(pairs["input_ids"], *self.word_tables))
+    return pe.apply_masks(pairs["input_ids"], pairs["input_mask"], randoms, self.special,
+                          self.masked_lm_prob, self.max_predictions, starts)
+
+  def _rng(self, record: int, epoch: int | None) -> np.random.Generator:
+    if epoch is None or not self.dynamic:
+      return np.random.default_rng([self.seed, _STATIC_MASKS, record])
+    return np.random.default_rng([self.seed, _DYNAMIC_MASKS, epoch, record])
+
+
+class PairBatches:
+  """Batches of one phase's pairs for one host (module docstring).
+
+  Args:
+    data: the prepared data.
+    length: the phase's sequence length (a length `data` holds).
+    masking: how to mask; its max_predictions must equal stored masks' width, if any.
+    batch_size: examples per batch on this host (the global batch is batch_size * hosts).
+    process_index, process_count: this host and the number of hosts.
+    threads: threads that read and mask batches ahead of the training step.
+  """
+
+  def __init__(self, data: PreparedData, length: int, masking: Masking, *, batch_size: int,
+               process_index: int = 0, process_count: int = 1, threads: int = 2):
+    if not 0 <= process_index < process_count:
+      raise ValueError(f"process_index {process_index} not in [0, {process_count})")
+    if batch_size < 1:
+      raise UserError(f"batch_size={batch_size}; use 1 or more per host.")
+    self.data, self.length, self.masking = data, length, masking
+    self.batch_size, self.process_index, self.process_count = batch_size, process_index, \
+        process_count
+    self.threads = threads
+    self.stored = data.stored_predictions(length)
+    if self.stored and masking.dynamic:
+      raise UserError(f"{data.directory} holds static masks (prepared with --static_masks=true); "
+                      "train on them with --config.data.dynamic_masking=false, or prepare "
+                      "without --static_masks for fresh masks every epoch.")
+    if self.stored and self.stored != masking.max_predictions:
+      raise UserError(f"{data.directory} stores {self.stored} predictions per sequence at "
+                      f"{length} tokens but the config asks for {masking.max_predictions}; set "
+                      "it to match, or prepare again.")
+
+  def num_examples(self, split: str = "train") -> int:
+    return sum(self.data.pairs(self.length, split)[2])
+
+  def _batch(self, split: str, records: np.ndarray, epochs: np.ndarray | None
+             ) -> dict[str, np.ndarray]:
+    """The masked batch of `records` ([n] record indices of `split`)."""
+    source, paths, counts = self.data.pairs(self.length, split)
+    try:
+      raw = source.__getitems__([int(r) for r in records]) if len(records) else []
+      pairs = shards.decode_pairs(raw, self.data.dtype, self.length, self.masking.special.cls,
+                                  self.masking.special.sep, self.stored)
+    except (RuntimeError, ValueError) as e:
+      ends = np.cumsum(counts)
+      bad = paths[bisect.bisect_right(ends, int(records[0]))] if len(records) else "?"
+      raise UserError(f"cannot read pair records of {bad} (or a shard after it): {e}; the "
+                      "shard is damaged. Delete it and rerun bertjax.data.prepare.") from None
+    if not self.stored:
+      pairs.update(self.masking.apply(pairs, records, epochs))
+    pairs["example_weight"] = np.ones(len(records), np.float32)
+    return {key: pairs[key] for key in BATCH_KEYS}
+
+  def iterate(self, examples: int = 0) -> Iterator[tuple[dict[str, np.ndarray], int]]:
+    """Training batches without end from global stream position `examples` (0 = the start).
+
+    Yields:
+      (batch of [batch_size, ...] arrays, the global position after it).
+    """
+    import grain  # pylint: disable=import-outside-toplevel
+
+    n = self.num_examples()
+    global_batch = self.batch_size * self.process_count
+    if n < global_batch:
+      raise UserError(f"only {n} training examples at {self.length} tokens, fewer than one "
+                      f"global batch of {global_batch}; use a smaller batch size, a larger "
+                      "dupe_factor or more text.")
+    if examples % self.process_count:
+      raise UserError(f"the data position ({examples} examples) does not divide among "
+                      f"{self.process_count} hosts; resume on a host count that divides it.")
+    seed = int(np.random.default_rng([self.masking.seed, _ORDER, self.length]).integers(2**31))
+    stream = grain.MapDataset.range(n).shuffle(seed=seed).repeat()  # record index per element
+    start = examples + self.process_index
+    host = stream[start::self.process_count].batch(self.batch_size)
+
+    def batch(j, records):  # host batch j: global stream elements start + (j * b + i) * P
+      elements = start + (j * self.batch_size + np.arange(self.batch_size)) * self.process_count
+      return self._batch("train", records, elements // n)
+
+    batches = host.map_with_index(batch).to_iter_dataset(
+        grain.ReadOptions(num_threads=self.threads, prefetch_buffer_size=2 * self.threads))
+    for j, item in enumerate(batches):
+      yield item, examples + (j + 1) * global_batch
+
+  def eval_batches(self) -> Iterator[dict[str, np.ndarray]]:
+    """One pass over the held-out pairs in order, fixed masks; this host's rows of each global
+    batch, the last padded with all-zero rows whose example_weight is 0."""
+    n = self.num_examples("heldout")
+    global_batch = self.batch_size * self.process_count
+    for j in range(-(-n // global_batch)):
+      rows = self.process_index + self.process_count * (j * self.batch_size +
+                                                        np.arange(self.batch_size))
+      batch = self._batch("heldout", rows[rows < n], None)
+      pad = self.batch_size - len(batch["input_ids"])
+      if pad:
+        batch = {key: np.pad(value, [(0, pad)] + [(0, 0)] * (value.ndim - 1))
+                 for key, value in batch.items()}
+      yield batch

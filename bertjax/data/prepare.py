@@ -1,0 +1,562 @@
+"""Pretraining data, prepared once: text -> vocabulary, tokenized documents, NSP pairs in shards.
+
+  python -m bertjax.data.prepare --input='text/*.txt' --output_dir=DATA --vocab_size=30522 \\
+      --max_seq_length=128,512 --dupe_factor=5 --workers=8
+
+The input is text files (one sentence per line, a blank line between documents, as
+google-research/bert takes) or `tfds:NAME[/CONFIG][:VERSION]:SPLIT`, a TFDS text dataset built
+on local disk in array_record format (each example's --tfds_feature is one document). The work
+is cut into text shards (--shard_size_mb of a file, or --tfds_documents_per_shard documents);
+each text shard independently becomes (shards.py has the layout):
+
+* its documents, split into training and held-out ones (a seeded `eval_fraction` of each
+  shard's documents, at least 2 when it has 3 or more), tokenized: documents/{train,heldout};
+* for each --max_seq_length, NSP pairs by google-research/bert's create_pretraining_data rules
+  (pretraining_examples.py), `dupe_factor` passes for training and one for the held-out
+  documents, a random next segment drawn from the same text shard as the original draws it
+  from the same input file: seq{L}/{train,heldout}; with --static_masks, masked too.
+
+The vocabulary is the given one (--vocab: a sentencepiece .model or a WordPiece vocab.txt,
+copied into DATA) or a sentencepiece model trained on training sentences only, from text shards
+taken in a seeded order. Shards are processed by --workers processes (default: every core), or
+by an Apache Beam pipeline (--runner=DirectRunner, DataflowRunner, FlinkRunner, SparkRunner,
+with any further pipeline flags passed to Beam; DATA must be a directory every Beam worker
+writes to, e.g. a mounted bucket). The result depends on the flags, not on the workers or the
+runner. A rerun with the same flags resumes: finished text shards are kept. DATA/info.json,
+written last, lists the flags, the counts, the vocabulary's hash and every shard.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import glob
+import hashlib
+import json
+import multiprocessing
+import os
+import shutil
+import sys
+from collections.abc import Sequence
+
+import numpy as np
+
+from bertjax.errors import UserError
+
+INFO_FILE = "info.json"
+PLAN_FILE = "plan.json"  # flags and text shards, written first: a rerun resumes only with these
+DONE_DIR = "done"  # done/SSSSS.json: the counts of a finished text shard
+_FORMAT = 1
+_HELDOUT, _PAIRS, _MASKS = 1, 2, 3  # kinds of seeded generator
+_MASK_CHUNK = 4096  # pairs masked at a time
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+  """The flags that decide what DATA holds (DATA/info.json "flags")."""
+  input: str  # comma-separated globs, or tfds:NAME:SPLIT
+  vocab: str = ""  # a sentencepiece .model or WordPiece vocab.txt ("" = train one)
+  vocab_size: int = 30522  # of the sentencepiece model trained when no vocab is given
+  max_seq_length: tuple[int, ...] = (128,)  # one set of NSP pairs per length (phase)
+  max_predictions_per_seq: tuple[int, ...] = (20,)  # per length; used by static masks
+  dupe_factor: int = 5
+  short_seq_prob: float = 0.1
+  eval_fraction: float = 0.01  # documents held out for evaluation
+  static_masks: bool = False  # store masks (else the loader masks afresh every epoch)
+  masked_lm_prob: float = 0.15
+  whole_word_masking: bool = False
+  seed: int = 0
+  shard_size_mb: float = 64.0  # text per shard (files)
+  tfds_feature: str = "text"
+  tfds_data_dir: str = ""
+  tfds_documents_per_shard: int = 20000
+
+  def check(self) -> None:
+    """UserError naming the first flag that cannot work."""
+    if len(self.max_predictions_per_seq) != len(self.max_seq_length):
+      raise UserError(f"--max_predictions_per_seq={_join(self.max_predictions_per_seq)} needs "
+                      f"one value per --max_seq_length ({_join(self.max_seq_length)}).")
+    for length, predictions in zip(self.max_seq_length, self.max_predictions_per_seq):
+      if length < 5:
+        raise UserError(f"--max_seq_length={length} leaves no room for [CLS] A [SEP] B [SEP]; "
+                        "use 5 or more (128 or 512 as in the paper).")
+      if not 1 <= predictions <= length:
+        raise UserError(f"--max_predictions_per_seq={predictions} for length {length}; use 1 "
+                        f"to {length} (the paper: 20 at 128, 80 at 512).")
+    if len(set(self.max_seq_length)) != len(self.max_seq_length):
+      raise UserError(f"--max_seq_length={_join(self.max_seq_length)} repeats a length.")
+    for name in ("dupe_factor", "vocab_size", "tfds_documents_per_shard"):
+      if getattr(self, name) < 1:
+        raise UserError(f"--{name}={getattr(self, name)}; use 1 or more.")
+    if not 0 <= self.eval_fraction < 1:
+      raise UserError(f"--eval_fraction={self.eval_fraction}; use a value in [0, 1).")
+    if not 0 < self.masked_lm_prob < 1:
+      raise UserError(f"--masked_lm_prob={self.masked_lm_prob}; use a value in (0, 1).")
+    if not 0 <= self.short_seq_prob <= 1:
+      raise UserError(f"--short_seq_prob={self.short_seq_prob}; use a value in [0, 1].")
+    if self.shard_size_mb <= 0:
+      raise UserError(f"--shard_size_mb={self.shard_size_mb}; use a positive size.")
+
+  def to_json(self) -> dict:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in vars(self).items()}
+
+  @classmethod
+  def from_json(cls, flags: dict) -> Options:
+    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in flags.items()})
+
+
+def _join(values) -> str:
+  return ",".join(str(v) for v in values)
+
+
+# ----------------------------------------------------------------------------------------------
+# Text shards.
+
+
+def plan_text_shards(options: Options) -> list[dict]:
+  """The input cut into text shards: {"path", "start", "stop"} byte ranges of a file, each
+  starting at a document, or {"tfds", "split", "start", "stop"} ranges of a dataset's examples."""
+  if options.input.startswith("tfds:"):
+    name, split = _tfds_name_split(options.input)
+    count = len(_tfds_source(name, split, options))
+    step = options.tfds_documents_per_shard
+    return [{"tfds": name, "split": split, "start": s, "stop": min(s + step, count)}
+            for s in range(0, count, step)]
+  from bertjax.data import sources  # pylint: disable=import-outside-toplevel
+
+  target = max(1, int(options.shard_size_mb * 2**20))
+  shards = []
+  for path in sources.expand_globs(options.input):
+    size = os.path.getsize(path)
+    cuts = [0] + [_document_start(path, c) for c in range(target, size, target)] + [size]
+    cuts = sorted(set(cuts))
+    shards += [{"path": os.path.abspath(path), "start": a, "stop": b}
+               for a, b in zip(cuts, cuts[1:])]
+  return shards
+
+
+def _document_start(path: str, offset: int) -> int:
+  """The offset of the first line after the first blank line at or after `offset` (the end of
+  the file if none): a document starts there."""
+  with open(path, "rb") as f:
+    f.seek(offset)
+    f.readline()  # the rest of the line `offset` falls in
+    while True:
+      line = f.readline()
+      if not line:
+        return f.tell()
+      if not line.strip():
+        return f.tell()
+
+
+def read_text_shard(shard: dict, options: Options) -> list[list[str]]:
+  """The documents (lists of sentences) of one text shard."""
+  from bertjax.data import sources  # pylint: disable=import-outside-toplevel
+
+  if "tfds" in shard:
+    source = _tfds_source(shard["tfds"], shard["split"], options)
+    examples = source.__getitems__(list(range(shard["start"], shard["stop"])))
+    documents = []
+    for example in examples:
+      value = example[options.tfds_feature]
+      text = value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
+      sentences = sources.document_sentences(text)
+      if sentences:
+        documents.append(sentences)
+    return documents
+  path, start = shard["path"], shard["start"]
+  with open(path, "rb") as f:
+    f.seek(start)
+    data = f.read(shard["stop"] - start)
+  try:
+    text = sources.decode_text(path, data, 1, start)
+  except UserError:  # name the line in the whole file
+    with open(path, "rb") as f:
+      line = f.read(start).count(b"\n") + 1
+    text = sources.decode_text(path, data, line, start)
+  return sources.text_documents(text)
+
+
+def _tfds_name_split(spec: str) -> tuple[str, str]:
+  name, _, split = spec.removeprefix("tfds:").rpartition(":")
+  if not name or not split:
+    raise UserError(f"--input={spec} is not tfds:NAME:SPLIT, e.g. "
+                    "tfds:wikipedia/20230601.en:train.")
+  return name, split
+
+
+def _tfds_source(name: str, split: str, options: Options):
+  """The array_record data source of a TFDS split (random access, no TensorFlow)."""
+  from bertjax.data import sources  # pylint: disable=import-outside-toplevel
+
+  builder = sources.open_tfds_builder(name, options.tfds_data_dir or None)
+  sources.check_tfds_text(builder, name, split, options.tfds_feature)
+  try:
+    return builder.as_data_source(split=split)
+  except NotImplementedError:
+    raise UserError(f"TFDS dataset {name!r} is stored as tfrecord, which has no random access; "
+                    f"rebuild it with tfds build {name} --file_format=array_record.") from None
+
+
+def split_heldout(documents: list, eval_fraction: float, seed: int,
+                  shard: int) -> tuple[list, list]:
+  """(training, held-out) documents of a text shard: a seeded `eval_fraction` of them, at least
+  2 (NSP draws a random next segment from another document) when there are 3 or more."""
+  if eval_fraction == 0 or len(documents) < 3:
+    return documents, []
+  order = np.random.default_rng([seed, _HELDOUT, shard]).permutation(len(documents))
+  held_out = set(order[:max(2, round(eval_fraction * len(documents)))].tolist())
+  return ([d for i, d in enumerate(documents) if i not in held_out],
+          [d for i, d in enumerate(documents) if i in held_out])
+
+
+# ----------------------------------------------------------------------------------------------
+# The work of one text shard.
+
+
+def process_text_shard(output_dir: str, index: int) -> dict:
+  """Turns text shard `index` of DATA/plan.json into its document and pair shards, and writes
+  DATA/done/INDEX.json with its counts (returned). Needs only DATA (Beam workers call it)."""
+  from bertjax import tokenization  # pylint: disable=import-outside-toplevel
+  from bertjax.data import pretraining_examples as pe  # pylint: disable=import-outside-toplevel
+  from bertjax.data import shards  # pylint: disable=import-outside-toplevel
+
+  with open(os.path.join(output_dir, PLAN_FILE)) as f:
+    plan = json.load(f)
+  options, text_shards = Options.from_json(plan["flags"]), plan["text_shards"]
+  count = len(text_shards)
+  tok = tokenization.load_tokenizer(os.path.join(output_dir, plan["vocab_file"]))
+  special = pe.SpecialTokens.from_tokenizer(tok)
+  dtype = shards.token_dtype(tok.vocab_size)
+  texts = read_text_shard(text_shards[index], options)
+  rng = np.random.default_rng([options.seed, _PAIRS, index])
+  texts = [texts[i] for i in rng.permutation(len(texts))]  # as the original shuffles documents
+  documents = _tokenize(tok, texts)
+  splits = dict(zip(("train", "heldout"),
+                    split_heldout(documents, options.eval_fraction, options.seed, index)))
+  done = {"text_bytes": text_shards[index]["stop"] - text_shards[index]["start"]
+          if "path" in text_shards[index] else 0,
+          "documents": len(splits["train"]), "heldout_documents": len(splits["heldout"]),
+          "sentences": sum(len(d) for d in documents),
+          "tokens": int(sum(len(s) for d in documents for s in d)), "files": {}}
+  for split, docs in splits.items():
+    if docs:
+      name = shards.shard_name("documents", split, index, count)
+      done["files"][name] = shards.write_shard(
+          os.path.join(output_dir, name), (shards.encode_document(d, dtype) for d in docs))
+  word_tables = tok.word_boundary_tables() if options.whole_word_masking else None
+  for phase, (length, predictions) in enumerate(zip(options.max_seq_length,
+                                                    options.max_predictions_per_seq)):
+    for split, docs in splits.items():
+      if not docs:
+        continue
+      rng = np.random.default_rng([options.seed, _PAIRS, index, phase, split == "heldout"])
+      pairs = pe.iter_segment_pairs(docs, length, options.short_seq_prob, rng,
+                                    options.dupe_factor if split == "train" else 1)
+      if options.static_masks:
+        mask_rng = np.random.default_rng([options.seed, _MASKS, index, phase, split == "train"])
+        records = _masked_records(pairs, length, predictions, special, options, mask_rng,
+                                  word_tables, dtype)
+      else:
+        records = (shards.encode_pair(a, b, r, dtype) for a, b, r in pairs)
+      name = shards.shard_name(f"seq{length}", split, index, count)
+      done["files"][name] = shards.write_shard(os.path.join(output_dir, name), records)
+  counts = np.bincount(np.concatenate([s for d in splits["train"] for s in d] or [[]]).astype(
+      np.int64), minlength=tok.vocab_size)
+  done["token_counts"] = {int(i): int(c) for i, c in enumerate(counts) if c}
+  _write_json(os.path.join(output_dir, DONE_DIR, f"{index:05d}.json"), done)
+  return done
+
+
+def _tokenize(tok, texts: list[list[str]]) -> list[list[list[int]]]:
+  """Documents of sentences -> documents of token-id lists (empty sentences dropped)."""
+  flat = tok.encode_batch([s for doc in texts for s in doc])
+  documents, start = [], 0
+  for doc in texts:
+    sentences = [s for s in flat[start:start + len(doc)] if s]
+    start += len(doc)
+    if sentences:
+      documents.append(sentences)
+  return documents
+
+
+def _masked_records(pairs, length, predictions, special, options, rng, word_tables, dtype):
+  """Static masks: pairs masked `_MASK_CHUNK` at a time, as records with their masks."""
+  from bertjax import tokenization  # pylint: disable=import-outside-toplevel
+  from bertjax.data import pretraining_examples as pe  # pylint: disable=import-outside-toplevel
+  from bertjax.data import shards  # pylint: disable=import-outside-toplevel
+
+  chunk = []
+  for pair in [*pairs, None]:
+    if pair is not None:
+      chunk.append(pair)
+    if len(chunk) == _MASK_CHUNK or (pair is None and chunk):
+      padded = pe.pad_pairs(chunk, length, special)
+      ids = padded["input_ids"]
+      starts = None if word_tables is None else tokenization.word_starts(ids, *word_tables)
+      masked = pe.mask_batch(ids, padded["input_mask"], rng, special, options.masked_lm_prob,
+                             predictions, starts)
+      for row, (a, b, is_random) in enumerate(chunk):
+        tokens = masked["input_ids"][row]
+        real = int(masked["masked_lm_weights"][row].sum())
+        yield shards.encode_pair(tokens[1:1 + len(a)], tokens[2 + len(a):2 + len(a) + len(b)],
+                                 is_random, dtype, masked["masked_lm_positions"][row, :real],
+                                 masked["masked_lm_ids"][row, :real])
+      chunk = []
+
+
+# ----------------------------------------------------------------------------------------------
+# The whole preparation.
+
+
+def prepare(options: Options, output_dir: str, workers: int = 0, runner: str = "",
+            pipeline_args: Sequence[str] = (), progress: bool = True) -> dict:
+  """Prepares (or finishes preparing) DATA = output_dir; returns its info.json.
+
+  Args:
+    options: the flags that decide the data.
+    output_dir: a new or empty directory, or one this function was run on with the same options
+      (finished text shards are kept; a finished one is returned as it is).
+    workers: processes on this machine (0 = every core); ignored with a Beam runner.
+    runner: "" for local processes, or a Beam runner name (DirectRunner, DataflowRunner, ...).
+    pipeline_args: further Beam pipeline flags.
+    progress: show a progress bar.
+  """
+  options.check()
+  existing = _check_output_dir(output_dir, options)
+  if existing is not None:
+    return existing
+  os.makedirs(output_dir, exist_ok=True)
+  plan_path = os.path.join(output_dir, PLAN_FILE)
+  if not os.path.exists(plan_path):
+    text_shards = plan_text_shards(options)
+    vocab_file = _vocabulary(options, text_shards, output_dir)
+    _write_json(plan_path, {"format": _FORMAT, "flags": options.to_json(),
+                            "vocab_file": vocab_file, "text_shards": text_shards})
+  with open(plan_path) as f:
+    plan = json.load(f)
+  _remove_partial_files(output_dir)
+  todo = [i for i in range(len(plan["text_shards"]))
+          if not os.path.exists(_done_path(output_dir, i))]
+  if runner:
+    from bertjax.data import prepare_beam  # pylint: disable=import-outside-toplevel
+    prepare_beam.run(output_dir, todo, runner, pipeline_args)
+  else:
+    _run_local(output_dir, todo, workers or os.cpu_count() or 1, plan, progress)
+  return _write_info(output_dir, plan)
+
+
+def _check_output_dir(output_dir: str, options: Options) -> dict | None:
+  """The info of a finished DATA made with `options`, None for a new or resumable one, or
+  UserError for a directory holding something else."""
+  if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+    raise UserError(f"--output_dir={output_dir} is a file; give a new or empty directory.")
+  if not os.path.isdir(output_dir) or not os.listdir(output_dir):
+    return None
+  for name, finished in ((INFO_FILE, True), (PLAN_FILE, False)):
+    path = os.path.join(output_dir, name)
+    if os.path.exists(path):
+      with open(path) as f:
+        saved = json.load(f)
+      if saved.get("flags") != options.to_json():
+        differ = [f"{k}={saved['flags'].get(k)!r} (now {v!r})"
+                  for k, v in options.to_json().items() if saved["flags"].get(k) != v]
+        raise UserError(f"{output_dir} holds data prepared with other flags: "
+                        f"{', '.join(differ)}; give the same flags to reuse or resume it, or a "
+                        "new --output_dir.")
+      return saved if finished else None
+  others = ", ".join(sorted(os.listdir(output_dir))[:3])
+  raise UserError(f"--output_dir={output_dir} holds other files ({others}, ...); give a new or "
+                  "empty directory (nothing there is overwritten).")
+
+
+def _vocabulary(options: Options, text_shards: list[dict], output_dir: str) -> str:
+  """Copies the given vocabulary into DATA, or trains a sentencepiece model there on training
+  sentences; returns its file name in DATA."""
+  from bertjax import tokenization  # pylint: disable=import-outside-toplevel
+
+  if options.vocab:
+    return os.path.basename(tokenization.load_tokenizer(options.vocab).save(output_dir))
+
+  def training_sentences(limit: int = 1_000_000):
+    count = 0
+    for index in np.random.default_rng([options.seed, _HELDOUT]).permutation(len(text_shards)):
+      documents = read_text_shard(text_shards[index], options)
+      for document in split_heldout(documents, options.eval_fraction, options.seed, index)[0]:
+        yield from document
+        count += len(document)
+      if count >= limit:
+        return
+
+  tokenization.load_or_train_sentencepiece(
+      training_sentences, os.path.join(output_dir, tokenization.MODEL_FILE), options.vocab_size,
+      seed=options.seed)
+  return tokenization.MODEL_FILE
+
+
+def _run_local(output_dir: str, todo: list[int], workers: int, plan: dict,
+               progress: bool) -> None:
+  """Processes text shards `todo` in `workers` processes (in this one if 1), with a bar."""
+  from tqdm import tqdm  # pylint: disable=import-outside-toplevel
+
+  sizes = [s["stop"] - s["start"] for s in plan["text_shards"]]
+  unit = "MB" if "path" in plan["text_shards"][0] else "docs"
+  scale = 2**20 if unit == "MB" else 1
+  bar = tqdm(total=sum(sizes[i] for i in todo) / scale, unit=unit, disable=not progress,
+             desc=f"preparing {len(todo)} shards", bar_format="{l_bar}{bar}| {n:.1f}/{total:.1f} "
+             "{unit} [{elapsed}<{remaining}, {rate_fmt}]")
+  with bar:
+    if workers == 1 or len(todo) <= 1:
+      for index in todo:
+        process_text_shard(output_dir, index)
+        bar.update(sizes[index] / scale)
+      return
+    with multiprocessing.get_context("spawn").Pool(min(workers, len(todo))) as pool:
+      for index in pool.imap_unordered(_process, [(output_dir, i) for i in todo]):
+        bar.update(sizes[index] / scale)
+
+
+def _process(args: tuple[str, int]) -> int:
+  process_text_shard(*args)
+  return args[1]
+
+
+def _write_info(output_dir: str, plan: dict) -> dict:
+  """Sums the text shards' counts into DATA/info.json (written last, in one rename)."""
+  from bertjax import tokenization  # pylint: disable=import-outside-toplevel
+
+  options = Options.from_json(plan["flags"])
+  done = []
+  for index in range(len(plan["text_shards"])):
+    with open(_done_path(output_dir, index)) as f:
+      done.append(json.load(f))
+  totals = {key: sum(d[key] for d in done) for key in
+            ("text_bytes", "documents", "heldout_documents", "sentences", "tokens")}
+  if not totals["documents"]:
+    raise UserError(f"{options.input} holds no text; give files with one sentence per line and "
+                    "a blank line between documents.")
+  files = {name: n for d in done for name, n in d["files"].items() if n}
+  token_counts = np.zeros(1, np.int64)
+  for d in done:
+    for i, c in d["token_counts"].items():
+      if int(i) >= len(token_counts):
+        token_counts = np.pad(token_counts, (0, int(i) + 1 - len(token_counts)))
+      token_counts[int(i)] += c
+  tok = tokenization.load_tokenizer(os.path.join(output_dir, plan["vocab_file"]))
+  token_counts[[i for i in tok.special_ids if i < len(token_counts)]] = 0
+
+  def listing(kind, split):
+    return [[name, n] for name, n in sorted(files.items()) if name.startswith(f"{kind}/{split}-")]
+
+  info = {
+      "format": _FORMAT, "flags": plan["flags"],
+      "vocab": {"file": plan["vocab_file"], "size": tok.vocab_size,
+                "sha256": vocab_sha256(tok),
+                "token_dtype": str(np.dtype(np.uint16 if tok.vocab_size <= 2**16 else np.int32))},
+      "counts": totals, "most_common_token": int(np.argmax(token_counts)),
+      "documents": {split: listing("documents", split) for split in ("train", "heldout")},
+      "phases": {str(length): {split: listing(f"seq{length}", split)
+                               for split in ("train", "heldout")}
+                 for length in options.max_seq_length}}
+  for phase in info["phases"].values():
+    phase["examples"] = sum(n for _, n in phase["train"])
+    phase["heldout_examples"] = sum(n for _, n in phase["heldout"])
+  _write_json(os.path.join(output_dir, INFO_FILE), info)
+  return info
+
+
+def vocab_sha256(tok) -> str:
+  """The SHA-256 (hex) of the vocabulary file a tokenizer saves: equal for equal vocabularies,
+  whatever file they were read from."""
+  import tempfile  # pylint: disable=import-outside-toplevel
+
+  with tempfile.TemporaryDirectory() as directory:
+    with open(tok.save(directory), "rb") as f:
+      return hashlib.sha256(f.read()).hexdigest()
+
+
+def _done_path(output_dir: str, index: int) -> str:
+  return os.path.join(output_dir, DONE_DIR, f"{index:05d}.json")
+
+
+def _remove_partial_files(output_dir: str) -> None:
+  """Deletes what a killed run left half-written (FILE.tmp-PID)."""
+  for path in glob.glob(os.path.join(output_dir, "**", "*.tmp-*"), recursive=True):
+    os.remove(path)
+
+
+def _write_json(path: str, value: dict) -> None:
+  """Writes JSON in one rename."""
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  tmp = f"{path}.tmp-{os.getpid()}"
+  with open(tmp, "w") as f:
+    json.dump(value, f, indent=1)
+  os.replace(tmp, path)
+
+
+# ----------------------------------------------------------------------------------------------
+# Command line.
+
+
+def _ints(text: str) -> tuple[int, ...]:
+  try:
+    return tuple(int(v) for v in text.split(",") if v.strip())
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers")
+
+
+def _bool(text: str) -> bool:
+  if text.lower() in ("1", "true", "yes"):
+    return True
+  if text.lower() in ("0", "false", "no"):
+    return False
+  raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
+
+
+def _parser() -> argparse.ArgumentParser:
+  p = argparse.ArgumentParser(prog="python -m bertjax.data.prepare",
+                              description=__doc__.split("\n")[0])
+  defaults = Options(input="")
+  types = {int: int, float: float, str: str, bool: _bool, tuple: _ints}
+  helps = {
+      "input": "text files (comma-separated globs) or tfds:NAME:SPLIT",
+      "vocab": "sentencepiece .model or WordPiece vocab.txt (default: train a sentencepiece one)",
+      "vocab_size": "size of the sentencepiece vocabulary trained when no --vocab is given",
+      "max_seq_length": "comma-separated lengths, one set of NSP pairs (phase) each",
+      "max_predictions_per_seq": "per length: masked positions at most (static masks)"}
+  for field in dataclasses.fields(Options):
+    default = getattr(defaults, field.name)
+    p.add_argument(f"--{field.name}", type=types[type(default)], default=default,
+                   required=field.name == "input", help=helps.get(field.name, " "))
+  p.add_argument("--output_dir", required=True, help="new or empty directory (or one to resume)")
+  p.add_argument("--workers", type=int, default=0, help="processes (0 = every core)")
+  p.add_argument("--runner", default="", help="an Apache Beam runner instead of local processes")
+  return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  args, pipeline_args = _parser().parse_known_args(argv)
+  if pipeline_args and not args.runner:
+    print(f"prepare: error: unknown flags {' '.join(pipeline_args)} (flags for Beam need "
+          "--runner)", file=sys.stderr)
+    return 2
+  flags = {f.name: getattr(args, f.name) for f in dataclasses.fields(Options)}
+  if flags["max_predictions_per_seq"] == (20,) and len(flags["max_seq_length"]) > 1:
+    # The paper's 20 at 128 tokens, in proportion at other lengths (80 at 512).
+    flags["max_predictions_per_seq"] = tuple(max(1, round(n * 20 / 128))
+                                             for n in flags["max_seq_length"])
+  try:
+    info = prepare(Options(**flags), args.output_dir, args.workers, args.runner, pipeline_args)
+  except UserError as e:
+    print(f"prepare: error: {e}", file=sys.stderr)
+    return 2
+  counts = info["counts"]
+  phases = ", ".join(f"{n}: {p['examples']} + {p['heldout_examples']} held out"
+                     for n, p in info["phases"].items())
+  print(f"{args.output_dir}: {counts['documents']} + {counts['heldout_documents']} held-out "
+        f"documents, {counts['tokens']} tokens, vocabulary {info['vocab']['size']}; "
+        f"examples per length {phases}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,146 @@
+"""Prepared pretraining data on disk: ArrayRecord shards of documents and of NSP segment pairs.
+
+A prepared directory (`bertjax.data.prepare` writes it) holds
+
+  info.json                                   flags, counts, vocabulary hash, shard lists
+  vocab.model | vocab.txt                     the vocabulary every shard was tokenized with
+  documents/{train,heldout}-SSSSS-of-NNNNN.array_record    tokenized documents
+  seq{L}/{train,heldout}-SSSSS-of-NNNNN.array_record       NSP pairs of L tokens (one per phase)
+
+Shard SSSSS of NNNNN holds what text shard SSSSS of the input became. Records are flat arrays
+of the token dtype (uint16 for vocabularies up to 65,536 ids, else int32):
+
+  document: [num_sentences, length_1 .. length_n, tokens of sentence 1 .. n]
+  pair:     [len_a, len_b, is_random_next, num_predictions, A tokens, B tokens,
+             masked_lm_positions, masked_lm_ids]           (no [CLS] / [SEP]; num_predictions
+                                                            is 0 unless masks are stored)
+
+With static masks the stored A and B tokens are the masked ones and the positions index the
+padded `[CLS] A [SEP] B [SEP]` row.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from bertjax.errors import UserError
+
+SUFFIX = ".array_record"
+WRITER_OPTIONS = "group_size:1,uncompressed"  # one record per chunk: fast random access
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+  """The smallest record dtype that holds every id of a vocabulary of `vocab_size`."""
+  return np.dtype(np.uint16 if vocab_size <= 2**16 else np.int32)
+
+
+def shard_name(kind: str, split: str, index: int, count: int) -> str:
+  """'documents/train-00003-of-00016.array_record' and the like (relative to the data dir)."""
+  return f"{kind}/{split}-{index:05d}-of-{count:05d}{SUFFIX}"
+
+
+def encode_document(sentences: Sequence[Sequence[int]], dtype: np.dtype) -> bytes:
+  """A document (sentences of token ids) -> one record."""
+  lengths = [len(s) for s in sentences]
+  parts = [np.asarray([len(sentences), *lengths], dtype)]
+  parts.extend(np.asarray(s, dtype) for s in sentences)
+  return np.concatenate(parts).tobytes()
+
+
+def decode_document(record: bytes, dtype: np.dtype) -> list[np.ndarray]:
+  """One record -> the document's sentences, each [length] int32."""
+  values = np.frombuffer(record, dtype).astype(np.int32)
+  count = int(values[0])
+  ends = 1 + count + np.cumsum(values[1:1 + count])
+  return np.split(values[1 + count:], ends[:-1] - 1 - count)
+
+
+def encode_pair(tokens_a: np.ndarray, tokens_b: np.ndarray, is_random_next: bool,
+                dtype: np.dtype, positions: np.ndarray | None = None,
+                masked_ids: np.ndarray | None = None) -> bytes:
+  """An NSP pair (and its stored masks, if any) -> one record."""
+  count = 0 if positions is None else len(positions)
+  parts = [np.asarray([len(tokens_a), len(tokens_b), int(is_random_next), count], dtype),
+           np.asarray(tokens_a, dtype), np.asarray(tokens_b, dtype)]
+  if count:
+    parts += [np.asarray(positions, dtype), np.asarray(masked_ids, dtype)]
+  return np.concatenate(parts).tobytes()
+
+
+def decode_pairs(records: Sequence[bytes], dtype: np.dtype, max_seq_length: int, cls: int,
+                 sep: int, max_predictions: int = 0) -> dict[str, np.ndarray]:
+  """Pair records -> a padded example set.
+
+  Returns:
+    input_ids, segment_ids, input_mask [n, max_seq_length] int32 (0 = [PAD] after the real
+    tokens), next_sentence_label [n] int32 and, when max_predictions > 0, the stored masks:
+    masked_lm_positions, masked_lm_ids [n, max_predictions] int32, masked_lm_weights
+    [n, max_predictions] float32.
+  """
+  n = len(records)
+  out = {"input_ids": np.zeros((n, max_seq_length), np.int32),
+         "segment_ids": np.zeros((n, max_seq_length), np.int32),
+         "input_mask": np.zeros((n, max_seq_length), np.int32),
+         "next_sentence_label": np.zeros(n, np.int32)}
+  if max_predictions:
+    out.update(masked_lm_positions=np.zeros((n, max_predictions), np.int32),
+               masked_lm_ids=np.zeros((n, max_predictions), np.int32),
+               masked_lm_weights=np.zeros((n, max_predictions), np.float32))
+  for row, record in enumerate(records):
+    values = np.frombuffer(record, dtype).astype(np.int32)
+    la, lb, is_random, count = (int(v) for v in values[:4])
+    if 3 + la + lb > max_seq_length or count > max_predictions:
+      raise ValueError(f"a pair of {la} + {lb} tokens and {count} predictions does not fit "
+                       f"{max_seq_length} tokens and {max_predictions} predictions")
+    ids = out["input_ids"][row]
+    ids[0], ids[1:1 + la], ids[1 + la] = cls, values[4:4 + la], sep
+    ids[2 + la:2 + la + lb], ids[2 + la + lb] = values[4 + la:4 + la + lb], sep
+    out["segment_ids"][row, 2 + la:3 + la + lb] = 1
+    out["input_mask"][row, :3 + la + lb] = 1
+    out["next_sentence_label"][row] = is_random
+    if count:
+      start = 4 + la + lb
+      out["masked_lm_positions"][row, :count] = values[start:start + count]
+      out["masked_lm_ids"][row, :count] = values[start + count:start + 2 * count]
+      out["masked_lm_weights"][row, :count] = 1
+  return out
+
+
+def write_shard(path: str, records: Iterable[bytes]) -> int:
+  """Writes records to an ArrayRecord file in one rename (a killed writer leaves no shard, only
+  PATH.tmp-PID, which a rerun removes). Returns the number of records."""
+  from array_record.python import array_record_module  # pylint: disable=import-outside-toplevel
+
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  tmp = f"{path}.tmp-{os.getpid()}"
+  writer = array_record_module.ArrayRecordWriter(tmp, WRITER_OPTIONS)
+  count = 0
+  try:
+    for record in records:
+      writer.write(record)
+      count += 1
+  finally:
+    writer.close()
+  os.replace(tmp, path)
+  return count
+
+
+def open_shards(paths: Sequence[str], counts: Sequence[int]):
+  """A grain ArrayRecordDataSource over shards, after checking each holds the number of records
+  info.json says (UserError naming the first truncated, corrupt or missing shard)."""
+  import grain  # pylint: disable=import-outside-toplevel
+
+  for path, count in zip(paths, counts):
+    try:
+      found = len(grain.sources.ArrayRecordDataSource([path]))
+    except Exception as e:  # pylint: disable=broad-except  (array_record raises plain errors)
+      first = str(e).strip().split("\n")[0]
+      raise UserError(f"{path} is missing, truncated or corrupt ({first}); prepare the data "
+                      "again (bertjax.data.prepare resumes and rewrites only what is "
+                      "missing: delete the bad shard and rerun it).") from None
+    if found != count:
+      raise UserError(f"{path} holds {found} records, not the {count} info.json lists; it was "
+                      "changed after preparation. Delete it and rerun bertjax.data.prepare.")
+  return grain.sources.ArrayRecordDataSource(list(paths))
