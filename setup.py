@@ -43,12 +43,15 @@ setuptools.setup(
     extras_require={
         # Reference peers for parity tests and benchmarks: torch's CPU build, transformers;
         # scikit-learn and scipy are the references metrics.py is checked against;
-        # TensorFlow writes the Google checkpoints that tests/test_convert_tf.py converts.
+        # TensorFlow writes the Google checkpoints that tests/test_convert_tf.py converts; Beam runs
+        # tests/test_prepare_beam.py.
         "test": [
             "pytest==9.2.0", "torch==2.13.0", "transformers==5.23.0", "scikit-learn==1.7.2",
-            *TENSORFLOW,
+            "apache-beam==2.77.0", *TENSORFLOW,
         ],
         # Google's TF checkpoints and TFDS's tf.data path; large (~270 MB wheel), so optional.
         "tf": TENSORFLOW,
+        # Pretraining data prepared by a Beam pipeline (bertjax.data.prepare --runner=NAME).
+        "beam": ["apache-beam==2.77.0"],
     },
 )
