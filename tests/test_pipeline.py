@@ -1,49 +1,34 @@
-"""Tests of bertjax.data.pipeline: batch contract, resumable order, masking per epoch, per-host
-slices and the evaluation pass."""
+"""Tests of bertjax.data.pipeline.FeatureBatches: batch contract, epochs and their orders, resume
+from a position, per-host slices, the evaluation pass and the refused positions. (Pretraining
+batches: tests/test_loader.py.)"""
 import itertools
 import json
-import time
 
 import numpy as np
 import pytest
 
 from bertjax.data import pipeline
-from bertjax.data import pretraining_examples as pe
 from bertjax.errors import UserError
 
-SEQ, MAX_PRED = 16, 3
-SPECIAL = pe.SpecialTokens(pad=0, cls=2, sep=3, mask=4, vocab_size=1000,
-                           ids_never_masked=frozenset({1}))
+SEQ = 6
 
 
-def _examples(n=50, seed=0):
-  """n unmasked pairs of random tokens (distinct rows) and random lengths; label = i % 2."""
-  rng = np.random.default_rng(seed)
-  ids = rng.integers(5, 1000, size=(n, SEQ)).astype(np.int32)
-  lengths = rng.integers(6, SEQ + 1, size=n)
-  input_mask = (np.arange(SEQ)[None, :] < lengths[:, None]).astype(np.int32)
-  ids *= input_mask
-  ids[:, 0] = SPECIAL.cls
-  ids[:, 3] = SPECIAL.sep
-  ids[np.arange(n), lengths - 1] = SPECIAL.sep
-  segment_ids = ((np.arange(SEQ)[None, :] > 3) * input_mask).astype(np.int32)
-  return {"input_ids": ids, "segment_ids": segment_ids, "input_mask": input_mask,
-          "next_sentence_label": (np.arange(n) % 2).astype(np.int32)}
+def _features(n=50):
+  """n examples whose row i is recognisable: input_ids [n, SEQ] = i + 1 (0 = padding), label i."""
+  ids = np.repeat(np.arange(1, n + 1, dtype=np.int32)[:, None], SEQ, axis=1)
+  return {"input_ids": ids, "segment_ids": np.zeros((n, SEQ), np.int32),
+          "input_mask": np.ones((n, SEQ), np.int32), "label": np.arange(n, dtype=np.int32)}
 
 
-def _example_index(batch, examples):
-  """[batch]: which example each row is (-1 for padding), matched on the unmasked tokens."""
-  restored = pe.unmask(batch)
-  keys = {row.tobytes(): i for i, row in enumerate(examples["input_ids"])}
-  return np.array([keys.get(row.tobytes(), -1) if w else -1
-                   for row, w in zip(restored, batch["example_weight"])])
-
-
-def _batches(**kwargs):
-  args = dict(batch_size=8, seed=3, special=SPECIAL, max_predictions_per_seq=MAX_PRED)
+def _batches(features=None, **kwargs):
+  args = dict(batch_size=8, seed=3)
   args.update(kwargs)
-  examples = args.pop("examples", None) or _examples()
-  return pipeline.PretrainingBatches(examples, **args)
+  return pipeline.FeatureBatches(_features() if features is None else features, **args)
+
+
+def _rows(batch):
+  """[batch]: which example each row is (-1 for padding)."""
+  return np.where(batch["example_weight"] > 0, batch["input_ids"][:, 0] - 1, -1)
 
 
 def _assert_same(a, b):
@@ -53,44 +38,52 @@ def _assert_same(a, b):
 
 
 def test_keys_dtypes_shapes():
-  batches = _batches()
-  assert batches.steps_per_epoch == 6  # 50 // 8
+  features = _features()
+  batches = _batches(features)
+  assert (batches.num_examples, batches.steps_per_epoch, batches.num_eval_batches) == (50, 6, 7)
   batch, position = next(batches.iterate())
-  assert position == {"epoch": 0, "index": 1}
+  assert position == {"examples": 8}
   expected = {"input_ids": ((8, SEQ), np.int32), "segment_ids": ((8, SEQ), np.int32),
-              "input_mask": ((8, SEQ), np.int32),
-              "masked_lm_positions": ((8, MAX_PRED), np.int32),
-              "masked_lm_ids": ((8, MAX_PRED), np.int32),
-              "masked_lm_weights": ((8, MAX_PRED), np.float32),
-              "next_sentence_label": ((8,), np.int32), "example_weight": ((8,), np.float32)}
-  assert list(batch) == list(pipeline.BATCH_KEYS)
+              "input_mask": ((8, SEQ), np.int32), "label": ((8,), np.int32),
+              "example_weight": ((8,), np.float32)}
   assert {k: (v.shape, v.dtype) for k, v in batch.items()} == expected
   assert (batch["example_weight"] == 1).all()
-  assert (batch["masked_lm_weights"].sum(1) >= 1).all()
+  for key in features:
+    np.testing.assert_array_equal(batch[key], features[key][_rows(batch)], err_msg=key)
   eval_batch = next(batches.eval_batches())
   assert {k: (v.shape, v.dtype) for k, v in eval_batch.items()} == expected
 
 
-def test_epochs_visit_every_example_in_new_orders():
-  examples = _examples()
-  batches = _batches(examples=examples)
-  seen = {}
-  for batch, position in itertools.islice(batches.iterate(), 12):  # 2 epochs of 6
-    epoch = position["epoch"] - (position["index"] == 0)
-    seen.setdefault(epoch, []).extend(_example_index(batch, examples))
-  assert len(set(seen[0])) == len(seen[0]) == 48  # 2 of 50 dropped
-  assert seen[0] != seen[1]
-  unshuffled = _batches(examples=examples, shuffle=False)
-  first, _ = next(unshuffled.iterate())
-  np.testing.assert_array_equal(_example_index(first, examples), np.arange(8))
+def test_epochs_visit_every_example_once_in_new_orders():
+  batches = _batches(batch_size=10)  # 5 batches an epoch, no remainder
+  run = [_rows(b) for b, _ in itertools.islice(batches.iterate(), 15)]
+  epochs = [np.concatenate(run[e * 5:(e + 1) * 5]) for e in range(3)]
+  for order in epochs:
+    assert sorted(order) == list(range(50))
+  assert all((a != b).any() for a, b in itertools.combinations(epochs, 2))
+  assert (epochs[0] != np.arange(50)).any()
+  other_seed = np.concatenate([_rows(b) for b, _ in
+                               itertools.islice(_batches(batch_size=10, seed=4).iterate(), 5)])
+  assert (other_seed != epochs[0]).any()
+
+
+def test_a_remainder_carries_into_the_next_epoch():
+  batches = _batches(batch_size=8)  # 50 = 6 * 8 + 2
+  stream = np.concatenate([_rows(b) for b, _ in itertools.islice(batches.iterate(), 25)])
+  for e in range(4):  # 200 elements: 4 whole epochs
+    assert sorted(stream[e * 50:(e + 1) * 50]) == list(range(50))
+
+
+def test_unshuffled_stream_is_in_order():
+  run = itertools.islice(_batches(shuffle=False).iterate(), 8)
+  stream = np.concatenate([_rows(b) for b, _ in run])
+  np.testing.assert_array_equal(stream, np.arange(64) % 50)
 
 
 def test_resume_from_position_replays_the_same_batches():
-  batches = _batches()
-  run = list(itertools.islice(batches.iterate(), 10))  # crosses the epoch boundary at 6
-  assert [p for _, p in run][4:7] == [{"epoch": 0, "index": 5}, {"epoch": 1, "index": 0},
-                                       {"epoch": 1, "index": 1}]
-  for cut in (3, 5, 6):
+  run = list(itertools.islice(_batches().iterate(), 12))  # crosses an epoch at 50 elements
+  assert [p["examples"] for _, p in run] == [8 * (j + 1) for j in range(12)]
+  for cut in (2, 5, 6):
     saved = json.loads(json.dumps(run[cut][1]))  # as a checkpoint would store it
     resumed = _batches().iterate(saved)  # a new object, as after a restart
     for (expected, expected_pos), (got, got_pos) in zip(run[cut + 1:], resumed):
@@ -98,130 +91,66 @@ def test_resume_from_position_replays_the_same_batches():
       assert got_pos == expected_pos
 
 
-def test_dynamic_masks_change_per_epoch_and_reproduce():
-  examples = _examples()
-  batches = _batches(examples=examples)
-
-  def masks_by_example(run):
-    out = {}
-    for batch, position in run:
-      epoch = position["epoch"] - (position["index"] == 0)
-      for i, row in zip(_example_index(batch, examples), batch["masked_lm_positions"]):
-        out[(epoch, i)] = tuple(row)
-    return out
-
-  first = masks_by_example(itertools.islice(batches.iterate(), 12))
-  again = masks_by_example(itertools.islice(_batches(examples=examples).iterate(), 12))
-  assert first == again
-  both = [i for i in range(50) if (0, i) in first and (1, i) in first]
-  assert len(both) > 40
-  differ = sum(first[(0, i)] != first[(1, i)] for i in both)
-  assert differ > 0.8 * len(both)
-  other_seed = masks_by_example(itertools.islice(_batches(examples=examples, seed=4).iterate(),
-                                                 6))
-  assert other_seed != {k: v for k, v in first.items() if k[0] == 0}
-
-
-def test_static_masks_are_fixed():
-  examples = _examples()
-  batches = _batches(examples=examples, dynamic_masking=False)
-  masks = {}
-  for batch, _ in itertools.islice(batches.iterate(), 12):
-    for i, row, ids in zip(_example_index(batch, examples), batch["masked_lm_positions"],
-                           batch["input_ids"]):
-      masks.setdefault(i, set()).add((tuple(row), tuple(ids)))
-  assert all(len(v) == 1 for v in masks.values())
-
-
-def test_masks_from_disk():
-  examples = _examples()
-  masked = dict(examples, **pe.mask_batch(examples["input_ids"], examples["input_mask"],
-                                         np.random.default_rng(0), SPECIAL, 0.15, MAX_PRED))
-  static = _batches(examples=masked, dynamic_masking=False, shuffle=False)
-  batch, _ = next(static.iterate())
-  for key in pe.MASK_KEYS + ("input_ids",):
-    np.testing.assert_array_equal(batch[key], masked[key][:8])
-  # Dynamic masking starts again from the original tokens.
-  dynamic = _batches(examples=masked, dynamic_masking=True, shuffle=False)
-  batch, _ = next(dynamic.iterate())
-  np.testing.assert_array_equal(pe.unmask(batch), examples["input_ids"][:8])
-  assert (batch["masked_lm_positions"] != masked["masked_lm_positions"][:8]).any()
-  with pytest.raises(UserError, match="max_predictions_per_seq"):
-    _batches(examples=masked, max_predictions_per_seq=MAX_PRED + 1)
-
-
-def test_whole_word_masking():
-  examples = _examples()
-  table = np.arange(SPECIAL.vocab_size) % 3 == 0  # ids divisible by 3 start words
-  batches = _batches(examples=examples, whole_word_masking=True, word_start_table=table,
-                     max_predictions_per_seq=6)
-  batch, _ = next(batches.iterate())
-  expected = pe.apply_masks(
-      pe.unmask(batch), batch["input_mask"],
-      pe.stack_mask_randoms([pe.draw_mask_randoms(
-          np.random.default_rng([3, pipeline._DYNAMIC_MASKS, 0, int(i)]), (SEQ,), SPECIAL)
-          for i in _example_index(batch, examples)], SEQ),
-      SPECIAL, 0.15, 6, table[pe.unmask(batch)])
-  for key, value in expected.items():
-    np.testing.assert_array_equal(batch[key], value)
-
-
 def test_host_slices_partition_the_global_batch():
-  examples = _examples(n=100)
-  one_host = _batches(examples=examples, batch_size=12)
-  hosts = [_batches(examples=examples, batch_size=4, process_index=p, process_count=3)
-           for p in range(3)]
+  features = _features(n=100)
+  one_host = _batches(features, batch_size=12)
+  hosts = [_batches(features, batch_size=6, process_index=p, process_count=2) for p in range(2)]
   assert one_host.steps_per_epoch == hosts[0].steps_per_epoch == 8
-  runs = [itertools.islice(h.iterate(), 10) for h in hosts]
-  for (whole, position), *parts in zip(itertools.islice(one_host.iterate(), 10), *runs):
-    for key in whole:
-      np.testing.assert_array_equal(np.concatenate([b[key] for b, _ in parts]), whole[key])
-    assert all(p == position for _, p in parts)
+  runs = [itertools.islice(h.iterate(), 12) for h in hosts]
+  for (whole, position), *parts in zip(itertools.islice(one_host.iterate(), 12), *runs):
+    for p, (part, part_position) in enumerate(parts):
+      assert part_position == position
+      for key in whole:
+        np.testing.assert_array_equal(part[key], whole[key][p::2], err_msg=key)
+  # A position of one host resumes on two, and the other way round.
+  position = {"examples": 36}
+  resumed_one = next(_batches(features, batch_size=12).iterate(position))[0]
+  resumed_two = [next(h.iterate(position))[0] for h in hosts]
+  assert sorted(np.concatenate([_rows(b) for b in resumed_two])) == sorted(_rows(resumed_one))
 
 
-def test_eval_pass_covers_every_example_once():
-  examples = _examples(n=50)
-  hosts = [_batches(examples=examples, batch_size=4, process_index=p, process_count=3)
-           for p in range(3)]
+def test_eval_pass_covers_every_example_once_in_order():
+  features = _features(n=50)
+  hosts = [_batches(features, batch_size=4, process_index=p, process_count=3) for p in range(3)]
   assert hosts[0].num_eval_batches == 5  # ceil(50 / 12)
-  seen = []
-  for p, host in enumerate(hosts):
-    run = list(host.eval_batches())
-    assert len(run) == 5
-    for batch in run:
-      index = _example_index(batch, examples)
+  runs = [list(h.eval_batches()) for h in hosts]
+  assert all(len(run) == 5 for run in runs)
+  global_order = []
+  for parts in zip(*runs):  # the global batch: the hosts' rows in host order
+    for batch in parts:
+      rows = _rows(batch)
       pad = batch["example_weight"] == 0
-      assert (index[pad] == -1).all() and (index[~pad] >= 0).all()
-      assert not batch["masked_lm_weights"][pad].any() and not batch["input_mask"][pad].any()
-      seen.extend(index[~pad])
-  assert sorted(seen) == list(range(50))
-  # In order, and the same masks every time.
-  first = next(hosts[0].eval_batches())
-  np.testing.assert_array_equal(_example_index(first, examples), [0, 1, 2, 3])
-  _assert_same(first, next(hosts[0].eval_batches()))
+      assert (rows[~pad] >= 0).all()
+      assert not batch["input_ids"][pad].any() and not batch["input_mask"][pad].any()
+      global_order.extend(rows[~pad])
+  np.testing.assert_array_equal(global_order, np.arange(50))  # predictions in example order
+  _assert_same(runs[0][0], next(hosts[0].eval_batches()))
 
 
-def test_too_few_examples_and_bad_positions():
-  batches = _batches(examples=_examples(n=20), batch_size=8, process_count=3)
-  with pytest.raises(UserError, match=r"only 20 .* 24 .*smaller batch size"):
+def test_too_few_or_no_examples():
+  batches = _batches(_features(n=20), batch_size=8, process_count=3)
+  with pytest.raises(UserError, match=r"only 20 .* 24 .*smaller train.batch_size"):
     batches.iterate()
   assert len(list(batches.eval_batches())) == 1  # evaluation pads instead
-  with pytest.raises(UserError, match="does not fit"):
-    _batches().iterate({"epoch": 0, "index": 6})
-  with pytest.raises(UserError, match="damaged"):
-    _batches().iterate({"step": 3})
+  with pytest.raises(UserError, match="empty"):
+    _batches({"input_ids": np.zeros((0, SEQ), np.int32)})
+  with pytest.raises(UserError, match="batch_size=0"):
+    _batches(batch_size=0)
 
 
-def test_speed_of_dynamic_masking():
-  rng = np.random.default_rng(0)
-  n, seq = 256, 128
-  examples = {"input_ids": rng.integers(5, 1000, (n, seq)).astype(np.int32),
-              "segment_ids": np.zeros((n, seq), np.int32),
-              "input_mask": np.ones((n, seq), np.int32),
-              "next_sentence_label": np.zeros(n, np.int32)}
-  run = _batches(examples=examples, batch_size=64, max_predictions_per_seq=20).iterate()
-  next(run)
-  start = time.perf_counter()
-  for _ in range(3):
-    next(run)
-  assert (time.perf_counter() - start) / 3 < 0.05  # a few ms; generous for a loaded machine
+@pytest.mark.parametrize("position, message", [
+    ({"epoch": 1, "index": 3}, "older bertjax.*fresh workdir"),
+    ({"step": 3}, "damaged"),
+    ({"examples": -8}, "damaged"),
+    ({"examples": 2.5}, "damaged"),
+    ({"examples": "8"}, "damaged"),
+    ([8], "damaged"),
+])
+def test_bad_positions_are_refused(position, message):
+  with pytest.raises(UserError, match=message):
+    _batches().iterate(position)
+
+
+def test_a_position_must_divide_by_the_host_count():
+  with pytest.raises(UserError, match=r"\(9 examples\) does not divide among 2 hosts"):
+    _batches(batch_size=4, process_count=2).iterate({"examples": 9})

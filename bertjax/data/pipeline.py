@@ -1,19 +1,25 @@
-"""Batches of fine-tuning features held in memory: order, per-host sharding, a resumable position.
+"""Batches of fine-tuning features held in memory, streamed with grain as loader.PairBatches
+streams pretraining pairs.
 
-`ExampleBatches` does the order and the slicing; `FeatureBatches` serves fixed fine-tuning
-features (pretraining streams its batches from prepared shards: loader.py).
+`FeatureBatches` serves fixed features {key: [N, ...] array}; each batch is every key's rows
+plus `example_weight` [batch] float32 (1 for a real example, 0 for the padding of the last eval
+batch).
 
-Training (`iterate`) runs over epochs without end. Epoch e visits the examples in a permutation
-drawn from (seed, e), in global batches of `batch_size * process_count` examples, dropping the
-remainder; process p takes rows [p * batch_size, (p + 1) * batch_size) of each global batch, so
-all hosts step together and together see every example of the global batch once.
+Training (`iterate`) reads one global stream of example indices without end: the N examples in
+a fresh global permutation every epoch (grain's index shuffle; in order with shuffle=False).
+Host p of P takes stream elements p, p + P, p + 2P, ..., `batch_size` at a time, so the hosts'
+batches together are the stream's next `batch_size * P` elements, and one numpy gather a batch
+reads a host's rows from memory. A global batch may span two epochs; none is dropped.
 
-Each training batch comes with the position after it, {"epoch": e, "index": j} (j = the next
-global batch of epoch e). Storing it with a checkpoint and passing it back to `iterate` replays
-exactly the batches that would have followed.
+The position is global, {"examples": stream elements consumed by all hosts}. Storing it with a
+checkpoint and passing it back to `iterate` replays exactly the batches that would have
+followed, on any host count that divides it.
 
-Evaluation (`eval_batches`) goes once through the examples in their order, in the same per-host
-slices; the last global batch is padded with all-zero rows whose `example_weight` is 0.
+Evaluation (`eval_batches`) goes once through the examples in order. Host p takes rows
+[p * batch_size, (p + 1) * batch_size) of each global batch, so the global batch (the hosts'
+rows in host order) is the next `batch_size * P` examples in order and per-example predictions
+come back in the examples' order. The last global batch is padded with all-zero rows whose
+`example_weight` is 0.
 """
 from __future__ import annotations
 
@@ -24,41 +30,44 @@ import numpy as np
 from bertjax.errors import UserError
 
 Position = dict[str, int]
-_EPOCH_ORDER = 2  # kind of seed of the epoch orders
+_ORDER = 2  # kind of seed of the epoch orders
 
 
-class ExampleBatches:
-  """Batches of an example set held in memory, for one host: the order, the per-host slices, the
-  resumable position and the padded evaluation pass (module docstring). Subclasses say what a
-  batch of given example rows is (`_batch`).
+class FeatureBatches:
+  """Batches of fixed features for one host (module docstring).
 
   Args:
-    num_examples: size of the example set (> 0).
+    features: {key: [N, ...] array}, every key with the same N > 0 (e.g. input_ids,
+      segment_ids, input_mask [N, seq] int32 and label [N]).
     batch_size: examples per batch on this host (the global batch is batch_size * process_count).
     seed: seeds the order of each epoch.
     process_index, process_count: this host and the number of hosts.
-    shuffle: permute the examples every epoch in training (eval never shuffles).
-    too_few_hint: what to tell a user whose set is smaller than one global batch.
+    shuffle: a fresh order every training epoch; False: in order (eval never shuffles).
+    threads: threads that gather training batches ahead of the training step.
   """
 
-  def __init__(self, num_examples: int, *, batch_size: int, seed: int, process_index: int = 0,
-               process_count: int = 1, shuffle: bool = True,
-               too_few_hint: str = "use a smaller batch size or more data"):
+  def __init__(self, features: Mapping[str, np.ndarray], *, batch_size: int, seed: int,
+               process_index: int = 0, process_count: int = 1, shuffle: bool = True,
+               threads: int = 1):
     if not 0 <= process_index < process_count:
       raise ValueError(f"process_index {process_index} not in [0, {process_count})")
     if batch_size < 1:
       raise UserError(f"batch_size={batch_size}; use 1 or more per host.")
-    self.num_examples = num_examples
+    sizes = {key: len(value) for key, value in features.items()}
+    if len(set(sizes.values())) != 1:
+      raise ValueError(f"features of different lengths: {sizes}")
+    self.num_examples = next(iter(sizes.values()))
+    if self.num_examples == 0:
+      raise UserError("the example set is empty; give a data file with examples.")
+    self._features = {key: np.asarray(value) for key, value in features.items()}
     self.batch_size = batch_size
     self.global_batch_size = batch_size * process_count
-    self.seed = seed
-    self.process_index = process_index
-    self.shuffle = shuffle
-    self.too_few_hint = too_few_hint
+    self.seed, self.shuffle, self.threads = seed, shuffle, threads
+    self.process_index, self.process_count = process_index, process_count
 
   @property
   def steps_per_epoch(self) -> int:
-    """Training batches per epoch (the remainder of a global batch is dropped)."""
+    """Global batches in N examples (the epoch's remainder starts the next global batch)."""
     return self.num_examples // self.global_batch_size
 
   @property
@@ -68,101 +77,75 @@ class ExampleBatches:
 
   def iterate(self, position: Position | None = None
               ) -> Iterator[tuple[dict[str, np.ndarray], Position]]:
-    """Training batches without end, starting at `position` (None = the beginning).
+    """Training batches without end, from `position` (None = the start).
 
-    Raises UserError (at the call) if there are fewer examples than one global batch.
+    Raises UserError (at the call) if there are fewer examples than one global batch, or if
+    the position is malformed, from an older bertjax, or does not divide by the host count.
 
     Yields:
-      (batch, position after it): the batch dict with [batch_size, ...] arrays, and
-      {"epoch": e, "index": j} to resume right after it.
+      (batch of [batch_size, ...] arrays, {"examples": the global position after it}).
     """
     if self.num_examples < self.global_batch_size:
       raise UserError(
           f"only {self.num_examples} examples, fewer than one global batch of "
-          f"{self.global_batch_size} ({self.batch_size} per host x "
-          f"{self.global_batch_size // self.batch_size} hosts); {self.too_few_hint}.")
-    return self._train_batches(*_check_position(position, self.steps_per_epoch))
+          f"{self.global_batch_size} ({self.batch_size} per host x {self.process_count} "
+          "hosts); use a smaller train.batch_size.")
+    examples = _check_position(position, self.process_count)
+    return self._train_batches(examples)
 
-  def _train_batches(self, epoch: int, index: int
-                     ) -> Iterator[tuple[dict[str, np.ndarray], Position]]:
-    while True:
-      order = self._epoch_order(epoch)  # [num_examples]
-      while index < self.steps_per_epoch:
-        start = index * self.global_batch_size + self.process_index * self.batch_size
-        rows = order[start:start + self.batch_size]  # [batch_size] example indices
-        batch = self._batch(rows, epoch)
-        index += 1
-        if index == self.steps_per_epoch:
-          yield batch, {"epoch": epoch + 1, "index": 0}
-        else:
-          yield batch, {"epoch": epoch, "index": index}
-      epoch, index = epoch + 1, 0
+  def _train_batches(self, examples: int) -> Iterator[tuple[dict[str, np.ndarray], Position]]:
+    import grain  # pylint: disable=import-outside-toplevel
+
+    stream = grain.MapDataset.range(self.num_examples)  # example index per stream element
+    if self.shuffle:
+      stream = stream.shuffle(seed=self._order_seed())
+    start = examples + self.process_index
+    host = stream.repeat()[start::self.process_count].batch(self.batch_size)
+    batches = host.map(self._batch).to_iter_dataset(
+        grain.ReadOptions(num_threads=self.threads, prefetch_buffer_size=2 * self.threads))
+    for j, batch in enumerate(batches):
+      yield batch, {"examples": examples + (j + 1) * self.global_batch_size}
 
   def eval_batches(self) -> Iterator[dict[str, np.ndarray]]:
-    """One pass over the examples in order (fixed masks, if any); the last batch is padded with
-    all-zero rows, whose example_weight is 0."""
-    for index in range(self.num_eval_batches):
-      start = index * self.global_batch_size + self.process_index * self.batch_size
-      rows = np.arange(start, min(start + self.batch_size, self.num_examples))  # may be empty
-      batch = self._batch(rows, None)
+    """One pass over the examples in order; this host's block of each global batch, the last
+    padded with all-zero rows whose example_weight is 0."""
+    for j in range(self.num_eval_batches):
+      first = j * self.global_batch_size + self.process_index * self.batch_size
+      rows = np.arange(first, min(first + self.batch_size, self.num_examples))  # may be empty
+      batch = self._batch(rows)
       pad = self.batch_size - len(rows)
       if pad:
         batch = {key: np.pad(value, [(0, pad)] + [(0, 0)] * (value.ndim - 1))
                  for key, value in batch.items()}
       yield batch
 
-  def _epoch_order(self, epoch: int) -> np.ndarray:
-    """[num_examples]: the example indices in the order epoch `epoch` visits them."""
-    if not self.shuffle:
-      return np.arange(self.num_examples)
-    return np.random.default_rng([self.seed, _EPOCH_ORDER, epoch]).permutation(self.num_examples)
+  def _order_seed(self) -> int:
+    """grain's shuffle seed of the epoch orders, from `seed`."""
+    return int(np.random.default_rng([self.seed, _ORDER]).integers(2**31))
 
-  def _batch(self, rows: np.ndarray, epoch: int | None) -> dict[str, np.ndarray]:
-    """The batch of examples `rows` in training epoch `epoch` (None: evaluation)."""
-    raise NotImplementedError
-
-
-class FeatureBatches(ExampleBatches):
-  """Batches of fixed features (fine-tuning): each key's rows, plus `example_weight` [batch]
-  float32 (1 for a real example, 0 for the padding of the last eval batch).
-
-  Args:
-    features: {key: [N, ...] array}, every key with the same N > 0 (e.g. input_ids,
-      segment_ids, input_mask [N, seq] int32 and label [N]).
-    batch_size, seed, process_index, process_count, shuffle: as ExampleBatches.
-  """
-
-  def __init__(self, features: Mapping[str, np.ndarray], *, batch_size: int, seed: int,
-               process_index: int = 0, process_count: int = 1, shuffle: bool = True):
-    sizes = {key: len(value) for key, value in features.items()}
-    if len(set(sizes.values())) != 1:
-      raise ValueError(f"features of different lengths: {sizes}")
-    num_examples = next(iter(sizes.values()))
-    if num_examples == 0:
-      raise UserError("the example set is empty; give a data file with examples.")
-    super().__init__(num_examples, batch_size=batch_size, seed=seed,
-                     process_index=process_index, process_count=process_count, shuffle=shuffle,
-                     too_few_hint="use a smaller train.batch_size")
-    self._features = {key: np.asarray(value) for key, value in features.items()}
-
-  def _batch(self, rows: np.ndarray, epoch: int | None) -> dict[str, np.ndarray]:
-    del epoch  # features do not change between epochs
+  def _batch(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+    """The batch of examples `rows` ([n] indices): every key's [n, ...] rows, one gather each."""
     batch = {key: value[rows] for key, value in self._features.items()}
     batch["example_weight"] = np.ones(len(rows), np.float32)
     return batch
 
 
-def _check_position(position: Position | None, steps_per_epoch: int) -> tuple[int, int]:
-  """(epoch, index) from a stored position, checked against this example set."""
+def _check_position(position: Position | None, process_count: int) -> int:
+  """The global stream position of a stored data position (None: 0), checked for this job."""
   if position is None:
-    return 0, 0
+    return 0
+  if isinstance(position, Mapping) and ("epoch" in position or "index" in position):
+    raise UserError(f"the checkpoint's data position {dict(position)!r} is from an older bertjax "
+                    "(epoch and index, not a stream position); it cannot be resumed. Start "
+                    "from a fresh workdir.")
   try:
-    epoch, index = int(position["epoch"]), int(position["index"])
-  except (KeyError, TypeError, ValueError) as e:
-    raise UserError(f"data position {position!r} is not {{'epoch': E, 'index': I}}; the "
-                    "checkpoint's data state is damaged. Start from a fresh workdir.") from e
-  if epoch < 0 or not 0 <= index < steps_per_epoch:
-    raise UserError(f"data position {position!r} does not fit this data ({steps_per_epoch} "
-                    "batches per epoch): the examples or the batch size changed since the "
-                    "checkpoint. Resume with the same data and batch size, or a fresh workdir.")
-  return epoch, index
+    examples = position["examples"]
+    if isinstance(examples, bool) or int(examples) != examples or examples < 0:
+      raise ValueError(examples)
+  except (KeyError, TypeError, ValueError):
+    raise UserError(f"data position {position!r} is not {{'examples': N}} with N >= 0; the "
+                    "checkpoint's data state is damaged. Start from a fresh workdir.") from None
+  if examples % process_count:
+    raise UserError(f"the data position ({examples} examples) does not divide among "
+                    f"{process_count} hosts; resume on a host count that divides it.")
+  return int(examples)
