@@ -96,8 +96,9 @@ def test_cli_end_to_end(corpus, tmp_path):
   workdir = tmp_path / "run"
   out = _run(workdir, _flags(corpus))
   assert out.returncode == 0, out.stderr[-3000:]
-  assert sorted(os.listdir(workdir)) == ["bert_config.json", "checkpoints", "config.json",
-                                         "eval_results.json", "metrics.jsonl", "tensorboard"]
+  assert sorted(os.listdir(workdir)) == ["bert_config.json", "checkpoints", "config.json", "data",
+                                         "eval_results.json", "metrics.jsonl", "tensorboard",
+                                         "vocab.model"]
   assert sorted(int(s) for s in os.listdir(workdir / "checkpoints")) == [4, 6]  # keep 2
   records = _metrics(workdir)
   train_records = [r for r in records if r["split"] == "train"]
@@ -256,23 +257,49 @@ def test_checkpoint_of_another_model_shape(corpus, tmp_path):
                         "does not match the model", "(128,) in the checkpoint", "--workdir")
 
 
-def test_static_examples_from_the_cli_tool(corpus, tmp_path):
-  """create_pretraining_data writes shards; a run trains on them (static masks)."""
+def _prepare(args, timeout=300):
+  return subprocess.run([sys.executable, "-m", "bertjax.data.prepare", *args], env=_env(),
+                        cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def test_prepared_data_with_static_masks(corpus, tmp_path):
+  """bertjax.data.prepare --static_masks=true stores masks; a run on --config.data.prepared
+  trains on them with dynamic_masking=false, and asks for it otherwise."""
   text_file, vocab = corpus
-  shards = tmp_path / "shards"
-  out = subprocess.run(
-      [sys.executable, "-m", "bertjax.data.create_pretraining_data", f"--input_file={text_file}",
-       f"--vocab_model={vocab}", f"--output_dir={shards}", "--max_seq_length=32",
-       "--max_predictions_per_seq=5", "--dupe_factor=1", "--num_shards=2"],
-      env=_env(), cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+  data = tmp_path / "data"
+  out = _prepare([f"--input={text_file}", f"--vocab={vocab}", f"--output_dir={data}",
+                  "--max_seq_length=32", "--max_predictions_per_seq=5", "--dupe_factor=1",
+                  "--eval_fraction=0.1", "--static_masks=true"])
   assert out.returncode == 0, out.stderr[-3000:]
-  workdir = tmp_path / "run"
   flags = [f for f in _flags(corpus, "--config.train.num_train_steps=2")
-           if not f.startswith("--config.data.input_files")]
-  out = _run(workdir, flags + [f"--config.data.static_examples={shards}",
-                               "--config.data.dynamic_masking=False"])
+           if not f.startswith("--config.data.input_files")] + [f"--config.data.prepared={data}"]
+  _assert_fails_cleanly(tmp_path / "refused", flags, "static masks",
+                        "--config.data.dynamic_masking=false")
+  workdir = tmp_path / "run"
+  out = _run(workdir, flags + ["--config.data.dynamic_masking=false"])
   assert out.returncode == 0, out.stderr[-3000:]
   assert [r["step"] for r in _metrics(workdir) if r["split"] == "train"] == [1, 2]
+  assert "data" not in os.listdir(workdir)  # the prepared directory is used where it is
+
+
+def test_prepared_data_that_cannot_serve_the_run(corpus, tmp_path):
+  """Another vocabulary, a length not prepared, or no 512 phase: refused before any step."""
+  text_file, vocab = corpus
+  data = tmp_path / "data"
+  out = _prepare([f"--input={text_file}", f"--output_dir={data}", "--vocab_size=500",
+                  "--max_seq_length=32", "--dupe_factor=1", "--eval_fraction=0.1"])
+  assert out.returncode == 0, out.stderr[-3000:]
+  flags = [f for f in _flags(corpus) if not f.startswith("--config.data.input_files")] + [
+      f"--config.data.prepared={data}"]
+  _assert_fails_cleanly(tmp_path / "w1", flags, "another vocabulary", vocab)
+  flags = [f for f in flags if not f.startswith("--config.data.vocab_model")]
+  _assert_fails_cleanly(tmp_path / "w2", flags + ["--config.data.max_seq_length=64"],
+                        "not the 64 of data.max_seq_length", "--max_seq_length=32,64")
+  _assert_fails_cleanly(tmp_path / "w3", flags + ["--config.data.long_seq_length=128",
+                                                  "--config.train.long_seq_from_step=3"],
+                        "not the 128 of data.long_seq_length", "--max_seq_length=32,128")
+  _assert_fails_cleanly(tmp_path / "w4", flags + ["--config.data.max_predictions_per_seq=40"],
+                        "max_predictions_per_seq=40", "at most 32")
 
 
 @pytest.mark.parametrize("config", ["configs/base.py", "configs/large.py"])
@@ -300,16 +327,6 @@ def test_paper_configs_build_and_run_one_step(config, corpus, tmp_path):
 # In-process pieces of the task.
 
 
-def test_split_documents_holds_out_a_seeded_fraction():
-  documents = [[f"doc {i}"] for i in range(40)]
-  train_docs, eval_docs = pretraining.split_documents(documents, 0.1, seed=0)
-  assert len(eval_docs) == 4 and len(train_docs) == 36
-  assert sorted(train_docs + eval_docs) == sorted(documents)
-  assert pretraining.split_documents(documents, 0.1, seed=0) == (train_docs, eval_docs)
-  assert pretraining.split_documents(documents, 0.1, seed=1)[1] != eval_docs
-  assert pretraining.split_documents(documents, 0.0, seed=0) == (documents, [])
-
-
 def test_check_config_names_the_field():
   from bertjax.configs import tiny  # pylint: disable=import-outside-toplevel
   config = tiny.get_config()
@@ -334,7 +351,7 @@ def test_sequence_length_phases_and_their_position(corpus, tmp_path):
                      long_max_predictions_per_seq=10, dupe_factor=1)
   config.train.update(batch_size=4, long_seq_from_step=3)
   task = pretraining.make_task(config, str(tmp_path))
-  assert not os.listdir(tmp_path)  # a given vocabulary: nothing written
+  assert os.listdir(tmp_path) == ["data"]  # the text, prepared
   served = list(zip(range(6), task.batches.train(None)))
   shapes = [(b["input_ids"].shape, b["masked_lm_positions"].shape) for _, (b, _) in served]
   assert shapes == [((4, 32), (4, 5))] * 3 + [((4, 64), (4, 10))] * 3

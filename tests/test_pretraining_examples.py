@@ -1,13 +1,8 @@
-"""Tests of bertjax.data.pretraining_examples (NSP pairs, MLM masks, .npz shards) and the
-create_pretraining_data command line."""
-import importlib.util
-import json
-import os
+"""Tests of bertjax.data.pretraining_examples (NSP pairs, MLM masks) against Google's rules."""
 
 import numpy as np
 import pytest
 
-from bertjax.data import create_pretraining_data as cpd
 from bertjax.data import pretraining_examples as pe
 from bertjax.errors import UserError
 
@@ -404,81 +399,3 @@ def test_segment_pairs_bad_input():
     pe.create_segment_pairs([[], [[]]], 16, 0.1, np.random.default_rng(0), SPECIAL)
   with pytest.raises(UserError, match="max_seq_length"):
     pe.create_segment_pairs([[[5]]], 4, 0.1, np.random.default_rng(0), SPECIAL)
-
-
-# ----------------------------------------------------------------------------------------------
-# Static examples on disk and the command line.
-
-
-def _static_examples(seed=0, whole_word=False):
-  rng = np.random.default_rng(seed)
-  docs, _, vocab = _numbered_corpus(rng, 30, (5, 15), 8)
-  special = pe.SpecialTokens(pad=0, cls=2, sep=3, mask=4, vocab_size=vocab)
-  table = (np.arange(vocab) % 2 == 0) if whole_word else None
-  return special, cpd.create_static_examples(
-      docs, special, np.random.default_rng(seed), max_seq_length=32, max_predictions_per_seq=5,
-      masked_lm_prob=0.15, short_seq_prob=0.1, dupe_factor=2, word_start_table=table)
-
-
-def test_static_examples_save_load(tmp_path):
-  special, ex = _static_examples()
-  assert set(ex) == set(pe.PAIR_KEYS + pe.MASK_KEYS)
-  _, again = _static_examples()
-  for key in ex:  # reproducible from the seed
-    np.testing.assert_array_equal(ex[key], again[key])
-  assert ex["masked_lm_weights"].sum(1).min() >= 1
-  paths = pe.save_static_examples(ex, str(tmp_path), 3)
-  assert [os.path.basename(p) for p in paths] == [
-      f"examples-0000{i}-of-00003.npz" for i in range(3)]
-  for pattern in (str(tmp_path), str(tmp_path / "*.npz"),
-                  f"{tmp_path}/examples-00000*,{tmp_path}/examples-0000[12]*"):
-    loaded = pe.load_static_examples(pattern)
-    for key in ex:
-      np.testing.assert_array_equal(loaded[key], ex[key])
-      assert loaded[key].dtype == (np.float32 if key == "masked_lm_weights" else np.int32)
-  with pytest.raises(UserError, match="no .npz shards"):
-    pe.load_static_examples(str(tmp_path / "nothing*.npz"))
-  np.savez(tmp_path / "other.npz", input_ids=np.zeros((2, 32)))
-  with pytest.raises(UserError, match="lacks"):
-    pe.load_static_examples(str(tmp_path))
-
-
-_HAVE_TEXT_TOOLS = all(importlib.util.find_spec(m) is not None for m in
-                       ("bertjax.tokenization", "bertjax.data.sources"))
-
-
-@pytest.mark.skipif(not _HAVE_TEXT_TOOLS, reason="bertjax.tokenization / data.sources missing")
-def test_command_line(tmp_path):
-  import sentencepiece as spm
-  from bertjax import tokenization
-
-  rng = np.random.default_rng(0)
-  words = ["the", "cat", "sat", "on", "a", "mat", "dog", "ran", "far", "away", "house",
-           "garden", "quickly", "slowly", "green", "tree"]
-  text_file = tmp_path / "corpus.txt"
-  docs = ["\n".join(" ".join(rng.choice(words, int(rng.integers(3, 12)))) + "."
-                    for _ in range(int(rng.integers(4, 12)))) for _ in range(40)]
-  text_file.write_text("\n\n".join(docs) + "\n")
-  model_prefix = tmp_path / "spm"
-  spm.SentencePieceTrainer.train(
-      input=str(text_file), model_prefix=str(model_prefix), vocab_size=40, hard_vocab_limit=False,
-      user_defined_symbols=["[CLS]", "[SEP]", "[MASK]"], pad_id=0, unk_id=1, bos_id=-1,
-      eos_id=-1, minloglevel=2)
-  try:
-    tok = tokenization.SentencePieceTokenizer(str(model_prefix) + ".model")
-  except Exception as e:  # a model the tokenizer does not accept is its own test's business
-    pytest.skip(f"SentencePieceTokenizer rejects this test model: {e}")
-  out = tmp_path / "out"
-  argv = [f"--input_file={text_file}", f"--vocab_model={model_prefix}.model",
-          f"--output_dir={out}", "--max_seq_length=32", "--max_predictions_per_seq=5",
-          "--dupe_factor=2", "--num_shards=2", "--whole_word_masking=true"]
-  assert cpd.main(argv) == 0
-  examples = pe.load_static_examples(str(out))
-  info = json.loads((out / "info.json").read_text())
-  assert info["counts"]["examples"] == len(examples["input_ids"]) > 40
-  assert examples["input_ids"].shape == (len(examples["input_ids"]), 32)
-  assert (examples["input_ids"][:, 0] == tok.cls_id).all()
-  assert ((examples["input_ids"] == tok.sep_id).sum(1) == 2).all()
-  assert (examples["masked_lm_weights"].sum(1) >= 1).all()
-  # The output directory is never overwritten.
-  assert cpd.main(argv) == 2

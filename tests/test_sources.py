@@ -108,7 +108,6 @@ def test_decode_text():
     sources.decode_text("a.txt", b"\x00\x00")
   bom = "\ufeffx".encode("utf-8")
   assert sources.decode_text("a.txt", bom, first_line=5, first_offset=40) == "\ufeffx"
-  assert sources._decode is sources.decode_text  # pylint: disable=protected-access
 
 
 @pytest.mark.parametrize("text, expected", [

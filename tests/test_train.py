@@ -15,7 +15,6 @@ import pytest
 
 from bertjax import bench, flops, parallel, train
 from bertjax.data import pretraining_examples as pe
-from bertjax.data.pipeline import PretrainingBatches
 from bertjax.errors import UserError
 from bertjax.models import bert, heads
 from bertjax.tasks import pretraining
@@ -47,15 +46,46 @@ def _documents(num_docs=12, seed=0):
            for _ in range(6)] for _ in range(num_docs)]
 
 
+class _Batches:
+  """Masked batches of fixed examples: training batch j from rows drawn with seed j (position =
+  batches served), eval in order with the last batch padded by zero rows of weight 0."""
+
+  def __init__(self, examples, batch_size):
+    self.examples, self.batch_size = examples, batch_size
+
+  def _batch(self, rows, seed):
+    ids = self.examples["input_ids"][rows]
+    batch = {key: value[rows] for key, value in self.examples.items()}
+    batch.update(pe.mask_batch(ids, batch["input_mask"], np.random.default_rng(seed), SPECIAL,
+                               0.15, 4))
+    batch["example_weight"] = np.ones(len(rows), np.float32)
+    return batch
+
+  def train(self, position):
+    j = (position or {"batches": 0})["batches"]
+    n = len(self.examples["input_ids"])
+    while True:
+      rows = np.random.default_rng([0, j]).permutation(n)[:self.batch_size]
+      j += 1
+      yield self._batch(rows, [1, j]), {"batches": j}
+
+  def eval(self):
+    n = len(self.examples["input_ids"])
+    for start in range(0, n, self.batch_size):
+      batch = self._batch(np.arange(start, min(n, start + self.batch_size)), [2, start])
+      pad = self.batch_size - len(batch["input_ids"])
+      yield {key: np.pad(value, [(0, pad)] + [(0, 0)] * (value.ndim - 1))
+             for key, value in batch.items()}
+
+
 def _task(config, dropout=0.1):
   """A pretraining Task over synthetic documents, as tasks.pretraining builds it from text."""
   examples = pe.create_segment_pairs(_documents(), config.data.max_seq_length, 0.1,
                                      np.random.default_rng(0), SPECIAL, dupe_factor=2)
-  batches = PretrainingBatches(examples, batch_size=config.train.batch_size, seed=0,
-                               special=SPECIAL, max_predictions_per_seq=4)
+  batches = _Batches(examples, config.train.batch_size)
   model = heads.BertForPreTraining(_bert_config(dropout))
   return train.Task(model=model, terms=pretraining.make_terms(7),
-                    batches=train.Batches(train=batches.iterate, eval=batches.eval_batches),
+                    batches=train.Batches(train=batches.train, eval=batches.eval),
                     score=pretraining.score)
 
 

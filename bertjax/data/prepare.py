@@ -20,10 +20,11 @@ The vocabulary is the given one (--vocab: a sentencepiece .model or a WordPiece 
 copied into DATA) or a sentencepiece model trained on training sentences only, from text shards
 taken in a seeded order. Shards are processed by --workers processes (default: every core), or
 by an Apache Beam pipeline (--runner=DirectRunner, DataflowRunner, FlinkRunner, SparkRunner,
-with any further pipeline flags passed to Beam; DATA must be a directory every Beam worker
-writes to, e.g. a mounted bucket). The result depends on the flags, not on the workers or the
-runner. A rerun with the same flags resumes: finished text shards are kept. DATA/info.json,
-written last, lists the flags, the counts, the vocabulary's hash and every shard.
+with any further pipeline flags passed to Beam; DATA and the input must be at the same path on
+every Beam worker, e.g. a mounted bucket). The result depends on the flags, not on the workers
+or the runner. A rerun with the same flags resumes: finished text shards are kept.
+DATA/info.json, written last, lists the flags, the counts, the vocabulary's hash and every
+shard.
 """
 from __future__ import annotations
 
@@ -36,10 +37,11 @@ import multiprocessing
 import os
 import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from bertjax.data import shards
 from bertjax.errors import UserError
 
 INFO_FILE = "info.json"
@@ -218,7 +220,6 @@ def process_text_shard(output_dir: str, index: int) -> dict:
   DATA/done/INDEX.json with its counts (returned). Needs only DATA (Beam workers call it)."""
   from bertjax import tokenization  # pylint: disable=import-outside-toplevel
   from bertjax.data import pretraining_examples as pe  # pylint: disable=import-outside-toplevel
-  from bertjax.data import shards  # pylint: disable=import-outside-toplevel
 
   with open(os.path.join(output_dir, PLAN_FILE)) as f:
     plan = json.load(f)
@@ -229,10 +230,12 @@ def process_text_shard(output_dir: str, index: int) -> dict:
   dtype = shards.token_dtype(tok.vocab_size)
   texts = read_text_shard(text_shards[index], options)
   rng = np.random.default_rng([options.seed, _PAIRS, index])
-  texts = [texts[i] for i in rng.permutation(len(texts))]  # as the original shuffles documents
-  documents = _tokenize(tok, texts)
-  splits = dict(zip(("train", "heldout"),
-                    split_heldout(documents, options.eval_fraction, options.seed, index)))
+  splits = {}
+  for split, docs in zip(("train", "heldout"),
+                         split_heldout(texts, options.eval_fraction, options.seed, index)):
+    docs = [docs[i] for i in rng.permutation(len(docs))]  # as the original shuffles documents
+    splits[split] = _tokenize(tok, docs)
+  documents = splits["train"] + splits["heldout"]
   done = {"text_bytes": text_shards[index]["stop"] - text_shards[index]["start"]
           if "path" in text_shards[index] else 0,
           "documents": len(splits["train"]), "heldout_documents": len(splits["heldout"]),
@@ -283,7 +286,6 @@ def _masked_records(pairs, length, predictions, special, options, rng, word_tabl
   """Static masks: pairs masked `_MASK_CHUNK` at a time, as records with their masks."""
   from bertjax import tokenization  # pylint: disable=import-outside-toplevel
   from bertjax.data import pretraining_examples as pe  # pylint: disable=import-outside-toplevel
-  from bertjax.data import shards  # pylint: disable=import-outside-toplevel
 
   chunk = []
   for pair in [*pairs, None]:
@@ -322,9 +324,25 @@ def prepare(options: Options, output_dir: str, workers: int = 0, runner: str = "
     progress: show a progress bar.
   """
   options.check()
+  if runner:  # a wrong runner or flag is told before any work
+    from bertjax.data import prepare_beam  # pylint: disable=import-outside-toplevel
+    prepare_beam.check(runner, pipeline_args)
   existing = _check_output_dir(output_dir, options)
   if existing is not None:
     return existing
+  created = not os.path.exists(output_dir)
+  try:
+    return _prepare(options, output_dir, workers, runner, pipeline_args, progress)
+  except UserError:
+    written = glob.glob(os.path.join(output_dir, "*", "*" + shards.SUFFIX))
+    if created and not written:  # bad input before any work worth keeping: leave nothing
+      shutil.rmtree(output_dir, ignore_errors=True)
+    raise
+
+
+def _prepare(options: Options, output_dir: str, workers: int, runner: str,
+             pipeline_args: Sequence[str], progress: bool) -> dict:
+  """prepare() on a checked output directory."""
   os.makedirs(output_dir, exist_ok=True)
   plan_path = os.path.join(output_dir, PLAN_FILE)
   if not os.path.exists(plan_path):
@@ -377,20 +395,24 @@ def _vocabulary(options: Options, text_shards: list[dict], output_dir: str) -> s
   if options.vocab:
     return os.path.basename(tokenization.load_tokenizer(options.vocab).save(output_dir))
 
-  def training_sentences(limit: int = 1_000_000):
-    count = 0
-    for index in np.random.default_rng([options.seed, _HELDOUT]).permutation(len(text_shards)):
-      documents = read_text_shard(text_shards[index], options)
-      for document in split_heldout(documents, options.eval_fraction, options.seed, index)[0]:
-        yield from document
-        count += len(document)
-      if count >= limit:
-        return
-
   tokenization.load_or_train_sentencepiece(
-      training_sentences, os.path.join(output_dir, tokenization.MODEL_FILE), options.vocab_size,
-      seed=options.seed)
+      lambda: training_sentences(options, text_shards),
+      os.path.join(output_dir, tokenization.MODEL_FILE), options.vocab_size, seed=options.seed)
   return tokenization.MODEL_FILE
+
+
+def training_sentences(options: Options, text_shards: list[dict],
+                       limit: int = 1_000_000) -> Iterator[str]:
+  """Sentences of training documents (never held-out ones) for the vocabulary: whole text
+  shards in a seeded order, until `limit` sentences or the end of the input."""
+  count = 0
+  for index in np.random.default_rng([options.seed, _HELDOUT]).permutation(len(text_shards)):
+    documents = read_text_shard(text_shards[index], options)
+    for document in split_heldout(documents, options.eval_fraction, options.seed, index)[0]:
+      yield from document
+      count += len(document)
+    if count >= limit:
+      return
 
 
 def _run_local(output_dir: str, todo: list[int], workers: int, plan: dict,
@@ -451,7 +473,7 @@ def _write_info(output_dir: str, plan: dict) -> dict:
       "format": _FORMAT, "flags": plan["flags"],
       "vocab": {"file": plan["vocab_file"], "size": tok.vocab_size,
                 "sha256": vocab_sha256(tok),
-                "token_dtype": str(np.dtype(np.uint16 if tok.vocab_size <= 2**16 else np.int32))},
+                "token_dtype": str(shards.token_dtype(tok.vocab_size))},
       "counts": totals, "most_common_token": int(np.argmax(token_counts)),
       "documents": {split: listing("documents", split) for split in ("train", "heldout")},
       "phases": {str(length): {split: listing(f"seq{length}", split)
@@ -479,7 +501,7 @@ def _done_path(output_dir: str, index: int) -> str:
 
 
 def _remove_partial_files(output_dir: str) -> None:
-  """Deletes what a killed run left half-written (FILE.tmp-PID)."""
+  """Deletes what a killed run left half-written (FILE.tmp-HOST-PID)."""
   for path in glob.glob(os.path.join(output_dir, "**", "*.tmp-*"), recursive=True):
     os.remove(path)
 
@@ -487,7 +509,7 @@ def _remove_partial_files(output_dir: str) -> None:
 def _write_json(path: str, value: dict) -> None:
   """Writes JSON in one rename."""
   os.makedirs(os.path.dirname(path), exist_ok=True)
-  tmp = f"{path}.tmp-{os.getpid()}"
+  tmp = shards.temporary_name(path)
   with open(tmp, "w") as f:
     json.dump(value, f, indent=1)
   os.replace(tmp, path)

@@ -21,6 +21,7 @@ padded `[CLS] A [SEP] B [SEP]` row.
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -28,6 +29,7 @@ import numpy as np
 from bertjax.errors import UserError
 
 SUFFIX = ".array_record"
+
 WRITER_OPTIONS = "group_size:1,uncompressed"  # one record per chunk: fast random access
 
 
@@ -110,11 +112,11 @@ def decode_pairs(records: Sequence[bytes], dtype: np.dtype, max_seq_length: int,
 
 def write_shard(path: str, records: Iterable[bytes]) -> int:
   """Writes records to an ArrayRecord file in one rename (a killed writer leaves no shard, only
-  PATH.tmp-PID, which a rerun removes). Returns the number of records."""
+  PATH.tmp-HOST-PID, which a rerun removes). Returns the number of records."""
   from array_record.python import array_record_module  # pylint: disable=import-outside-toplevel
 
   os.makedirs(os.path.dirname(path), exist_ok=True)
-  tmp = f"{path}.tmp-{os.getpid()}"
+  tmp = temporary_name(path)
   writer = array_record_module.ArrayRecordWriter(tmp, WRITER_OPTIONS)
   count = 0
   try:
@@ -125,6 +127,12 @@ def write_shard(path: str, records: Iterable[bytes]) -> int:
     writer.close()
   os.replace(tmp, path)
   return count
+
+
+def temporary_name(path: str) -> str:
+  """Where to write PATH before renaming it: PATH.tmp-HOST-PID, unique across the machines of
+  a Beam job writing to one shared directory."""
+  return f"{path}.tmp-{socket.gethostname()}-{os.getpid()}"
 
 
 def open_shards(paths: Sequence[str], counts: Sequence[int]):
