@@ -3,7 +3,8 @@ on 127.0.0.1 through the plain environment-variable route (JAX_COORDINATOR_ADDRE
 JAX_NUM_PROCESSES, JAX_PROCESS_ID), with gloo collectives, running `python -m bertjax.main`.
 
 - Losses and final parameters equal one process with 4 devices and the same global batch.
-- Stopped at step k and rerun in two fresh processes: equal to the uninterrupted run.
+- Stopped at step k and rerun in two fresh processes: equal to the uninterrupted run; rerun in
+  four processes of one device: equal too (the data position is global).
 - SIGTERM to only one of the two processes: both save the same step and exit 0.
 """
 import json
@@ -137,6 +138,21 @@ def test_stopped_and_rerun_in_fresh_processes_equals_the_uninterrupted_run(two_h
   assert all("resuming from step 2" in out for out, _ in outputs)
   jax.tree.map(np.testing.assert_array_equal, _params(straight, STEPS), _params(resumed, STEPS))
   assert _losses(resumed) == _losses(straight)
+
+
+def test_resumed_on_four_processes_continues_the_two_process_run(two_hosts, corpus, tmp_path):
+  """The data position is global: stopped at step 2 on 2 processes x 2 devices and resumed on 4
+  processes x 1 device, the run sees the batches the uninterrupted run saw (every example of
+  the epoch once) and ends with its parameters."""
+  straight, _ = two_hosts
+  resumed = tmp_path / "resumed"
+  _run(resumed, corpus, "--config.train.stop_after_steps=2")
+  outputs = _run(resumed, corpus, processes=4)
+  assert all("resuming from step 2" in out for out, _ in outputs)
+  np.testing.assert_allclose([l for _, l in _losses(resumed)], [l for _, l in _losses(straight)],
+                             rtol=1e-6, atol=1e-6)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6),
+               _params(straight, STEPS), _params(resumed, STEPS))
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])

@@ -142,38 +142,7 @@ def test_document_sentences():
 
 
 # ----------------------------------------------------------------------------------------------
-# TFDS: a dataset built here, from a builder defined here, with no network.
-
-
-def _tiny_builder_class():
-  import tensorflow_datasets as tfds
-
-  class BertjaxTinyText(tfds.core.GeneratorBasedBuilder):
-    """Three documents; one of them empty."""
-    VERSION = tfds.core.Version("1.0.0")
-
-    def _info(self):
-      return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({
-          "text": tfds.features.Text(), "title": tfds.features.Text()}))
-
-    def _split_generators(self, dl_manager):
-      del dl_manager  # nothing is downloaded
-      return {"train": self._generate_examples(), "test": self._generate_examples(1)}
-
-    def _generate_examples(self, n=3):
-      texts = ["Mr. Darcy bowed. She smiled!", "First line.\nSecond line. Third one.", "  "]
-      for i in range(n):
-        yield i, {"text": texts[i], "title": f"doc {i}"}
-
-  return BertjaxTinyText
-
-
-@pytest.fixture(scope="module")
-def tiny_tfds(tmp_path_factory):
-  data_dir = str(tmp_path_factory.mktemp("tfds"))
-  builder = _tiny_builder_class()(data_dir=data_dir, file_format="array_record")
-  builder.download_and_prepare()
-  return data_dir
+# TFDS: a dataset built by conftest.py (tiny_tfds), with no network.
 
 
 def test_read_tfds(tiny_tfds):

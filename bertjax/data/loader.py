@@ -10,12 +10,13 @@ A batch is a dict of numpy arrays with fixed keys (DESIGN.md):
                                          (only eval batches pad; training batches are all 1)
 
 Training reads one global stream: the pair records of a phase, in a fresh global permutation
-every epoch (grain's index shuffle: no permutation is held in memory), without end. Host p of P
-takes stream elements p, p + P, p + 2P, ... (grain's per-process slicing), `batch_size` at a
-time, so the hosts' batches together are the stream's next `batch_size * P` elements. The
-position is global: the number of stream elements consumed. Any number of hosts can resume
-from it (it must divide by the host count), and the epoch's remaining examples are each seen
-once. Only the records of a host's own rows are read (one parallel array_record read a batch).
+every epoch (grain's index shuffle: no permutation is held in memory), without end. Global batch
+j is the stream's elements [j * G, (j + 1) * G) for a global batch of G = batch_size * P on P
+hosts, and host p reads only its rows, elements [j * G + p * batch_size, ...) of it, so a
+global batch is the same rows in the same order on any number of hosts. The position is global:
+the number of stream elements consumed. A run resumed on another number of hosts (with the same
+global batch) continues with exactly the batches the uninterrupted run would have seen, and
+every example of the epoch once. Each batch reads its records in one parallel array_record read.
 
 Masks: with dynamic masking, the example of record r is masked in epoch e from a generator
 seeded by (seed, e, r), so masks change every epoch and do not depend on the batch size or the
@@ -38,6 +39,7 @@ from bertjax.errors import UserError
 
 BATCH_KEYS = pe.PAIR_KEYS + pe.MASK_KEYS + ("example_weight",)
 _STATIC_MASKS, _DYNAMIC_MASKS, _ORDER = 0, 1, 2  # kinds of seed, so no two draws share one
+_ENDLESS = 2**62  # batches of a training stream
 
 
 class PreparedData:
@@ -194,19 +196,16 @@ class PairBatches:
       raise UserError(f"only {n} training examples at {self.length} tokens, fewer than one "
                       f"global batch of {global_batch}; use a smaller batch size, a larger "
                       "dupe_factor or more text.")
-    if examples % self.process_count:
-      raise UserError(f"the data position ({examples} examples) does not divide among "
-                      f"{self.process_count} hosts; resume on a host count that divides it.")
     seed = int(np.random.default_rng([self.masking.seed, _ORDER, self.length]).integers(2**31))
     stream = grain.MapDataset.range(n).shuffle(seed=seed).repeat()  # record index per element
-    start = examples + self.process_index
-    host = stream[start::self.process_count].batch(self.batch_size)
+    offset = examples + self.process_index * self.batch_size
 
-    def batch(j, records):  # host batch j: global stream elements start + (j * b + i) * P
-      elements = start + (j * self.batch_size + np.arange(self.batch_size)) * self.process_count
+    def batch(j):  # this host's rows of global batch j: elements offset + j * G + [0, b)
+      elements = offset + j * global_batch + np.arange(self.batch_size)
+      records = np.array([stream[int(e)] for e in elements])
       return self._batch("train", records, elements // n)
 
-    batches = host.map_with_index(batch).to_iter_dataset(
+    batches = grain.MapDataset.range(_ENDLESS).map(batch).to_iter_dataset(
         grain.ReadOptions(num_threads=self.threads, prefetch_buffer_size=2 * self.threads))
     for j, item in enumerate(batches):
       yield item, examples + (j + 1) * global_batch
@@ -217,9 +216,8 @@ class PairBatches:
     n = self.num_examples("heldout")
     global_batch = self.batch_size * self.process_count
     for j in range(-(-n // global_batch)):
-      rows = self.process_index + self.process_count * (j * self.batch_size +
-                                                        np.arange(self.batch_size))
-      batch = self._batch("heldout", rows[rows < n], None)
+      start = j * global_batch + self.process_index * self.batch_size
+      batch = self._batch("heldout", np.arange(start, min(start + self.batch_size, n)), None)
       pad = self.batch_size - len(batch["input_ids"])
       if pad:
         batch = {key: np.pad(value, [(0, pad)] + [(0, 0)] * (value.ndim - 1))

@@ -413,6 +413,13 @@ def training_sentences(options: Options, text_shards: list[dict],
       count += len(document)
     if count >= limit:
       return
+  if not count:
+    raise _no_text(options)
+
+
+def _no_text(options: Options) -> UserError:
+  return UserError(f"{options.input} holds no text; give files with one sentence per line and a "
+                   "blank line between documents.")
 
 
 def _run_local(output_dir: str, todo: list[int], workers: int, plan: dict,
@@ -454,8 +461,7 @@ def _write_info(output_dir: str, plan: dict) -> dict:
   totals = {key: sum(d[key] for d in done) for key in
             ("text_bytes", "documents", "heldout_documents", "sentences", "tokens")}
   if not totals["documents"]:
-    raise UserError(f"{options.input} holds no text; give files with one sentence per line and "
-                    "a blank line between documents.")
+    raise _no_text(options)
   files = {name: n for d in done for name, n in d["files"].items() if n}
   token_counts = np.zeros(1, np.int64)
   for d in done:
