@@ -73,7 +73,7 @@ def main(argv: list[str]) -> None:
   config = _CONFIG.value
   try:
     parallel.maybe_initialize_distributed()
-    tasks.run(config, _WORKDIR.value)
+    tasks.run(config, os.path.abspath(os.path.expanduser(_WORKDIR.value)))
   except UserError as e:
     _fail(str(e))
 

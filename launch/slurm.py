@@ -35,8 +35,9 @@ The job:
     same path: every process writes its shards of each checkpoint there. So must the code
     (--repo-dir), the venv and the data; a node's local disk or /tmp does not work. `submit`
     creates the workdir (from the login node, which sees the same file system) because Slurm
-    opens the log there before the script starts. A multi-node run does not train its
-    vocabulary: pass --config.data.vocab_model=PATH.
+    opens the log there before the script starts. Prepare the text once with
+    python -m bertjax.data.prepare and pass --config.data.prepared=DIR (else host 0
+    prepares WORKDIR/data while the others wait).
   * Batch sizes must be divisible by nodes x GPUs (each GPU is one JAX device).
 
 Stopping, time limits, preemption:

@@ -58,8 +58,9 @@ Multi-host (pod slices, e.g. v4-32: 4 hosts of 4 chips, v5litepod-16: 2 hosts of
     hosts) must be shared: use --bucket. bertjax reads and writes local paths only (orbax
     checkpoints through a file system), so a Cloud Storage bucket is mounted with gcsfuse on
     every worker at /mnt/BUCKET, and --workdir is a path inside it. A gs:// workdir is refused.
-  * A multi-host run does not train its vocabulary (each host would train its own): pass
-    --config.data.vocab_model=/mnt/BUCKET/vocab.model, made by a single-host run.
+  * Prepare the text once (python -m bertjax.data.prepare --output_dir=/mnt/BUCKET/data) and
+    pass --config.data.prepared=/mnt/BUCKET/data; else host 0 prepares WORKDIR/data while the
+    other hosts wait.
   * The worker's service account needs read/write access to the bucket.
 """
 from __future__ import annotations

@@ -1,0 +1,50 @@
+"""The README's "Pretraining data" commands, run exactly as written (in a directory holding
+text/*.txt, a slice of the bundled corpus)."""
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from bertjax.data import sources
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _section_commands(title):
+  """The `python -m bertjax...` command lines of the README section `## title`."""
+  with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+    text = f.read()
+  section = text.split(f"\n## {title}\n")[1].split("\n## ")[0]
+  blocks = re.findall(r"```bash\n(.*?)```", section, re.S)
+  return [line for block in blocks for line in block.splitlines()
+          if line.startswith("python -m bertjax.")]
+
+
+@pytest.fixture(scope="module")
+def text_dir(tmp_path_factory):
+  """A directory with text/a.txt and text/b.txt: 30 chapters each."""
+  root = tmp_path_factory.mktemp("readme")
+  (root / "text").mkdir()
+  documents = sources.read_text_files(sources.BUNDLED_CORPUS)[:60]
+  for name, docs in (("a.txt", documents[:30]), ("b.txt", documents[30:])):
+    (root / "text" / name).write_text("\n\n".join("\n".join(d) for d in docs) + "\n")
+  return root
+
+
+def test_pretraining_data_commands_run_as_written(text_dir):
+  commands = _section_commands("Pretraining data")
+  assert len(commands) == 4, commands
+  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+  for command in commands:
+    args = shlex.split(command)
+    out = subprocess.run([sys.executable, *args[1:]], cwd=text_dir, env=env,
+                         capture_output=True, text=True, timeout=600, check=False)
+    assert out.returncode == 0, (command, out.stderr[-3000:])
+  assert sorted(os.listdir(text_dir / "data_128_512")) == [
+      "documents", "done", "info.json", "plan.json", "seq128", "seq512", "vocab.model"]
+  for run in ("run_prepared", "run_static"):
+    assert (text_dir / run / "checkpoints" / "20").is_dir()
+    assert "data" not in os.listdir(text_dir / run)
