@@ -1,0 +1,117 @@
+"""Figures of the pretraining data path: preparation throughput, the training process's peak
+memory as the corpus grows, and the loader's masked examples per second per core.
+
+  python -m bertjax.data.benchmark --text_mb=100,1000 --workers=2 --dir=/tmp/bertjax_data_bench
+
+For each size, the bundled corpus is repeated into DIR/text_NMB.txt, prepared with
+`bertjax.data.prepare` (vocabulary 8000, 128 and 512 tokens, dupe_factor 5, 16 MB text shards
+so that every worker has work) in `--workers` processes, and then `python -m bertjax.main --config=configs/tiny.py` trains
+`--steps` steps from it in a child process whose peak resident memory (ru_maxrss) is printed.
+The loader is timed on one thread (dynamic masking, batches of 256) at 128 and 512 tokens.
+Timings are of this machine: run it on a quiet one.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from bertjax.data import loader, prepare, sources
+from bertjax.data import pretraining_examples as pe
+
+_VOCAB = 8000
+
+
+def corpus_file(directory: str, megabytes: int) -> str:
+  """DIRECTORY/text_NMB.txt: the bundled corpus repeated to at least `megabytes` MB."""
+  path = os.path.join(directory, f"text_{megabytes}MB.txt")
+  if not os.path.exists(path):
+    with open(sources.BUNDLED_CORPUS, "rb") as f:
+      text = f.read().rstrip(b"\n") + b"\n\n"
+    with open(path + ".tmp", "wb") as f:
+      for _ in range(-(-megabytes * 2**20 // len(text))):
+        f.write(text)
+    os.replace(path + ".tmp", path)
+  return path
+
+
+def time_preparation(text: str, output_dir: str, workers: int, lengths: tuple[int, ...]
+                     ) -> tuple[float, dict]:
+  """(seconds, info.json) of preparing `text` into a new `output_dir`."""
+  options = prepare.Options(input=text, vocab_size=_VOCAB, max_seq_length=lengths,
+                            max_predictions_per_seq=tuple(round(n * 20 / 128) for n in lengths),
+                            dupe_factor=5, eval_fraction=0.01, shard_size_mb=16)
+  start = time.perf_counter()
+  info = prepare.prepare(options, output_dir, workers=workers, progress=False)
+  return time.perf_counter() - start, info
+
+
+def training_peak_rss(data: str, workdir: str, steps: int) -> float:
+  """Peak resident memory (GiB) of `python -m bertjax.main` training `steps` steps of the tiny
+  config from prepared `data`."""
+  command = [sys.executable, "-m", "bertjax.main", "--config=configs/tiny.py",
+             f"--workdir={workdir}", f"--config.data.prepared={data}",
+             f"--config.train.num_train_steps={steps}", "--config.train.warmup_steps=1",
+             f"--config.train.eval_every_steps={steps}", "--config.train.eval_steps=2",
+             f"--config.train.log_every_steps={steps}"]
+  process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             text=True)
+  _, status, usage = os.wait4(process.pid, 0)
+  if status:
+    raise SystemExit(f"training failed: {process.stderr.read()[-2000:]}")
+  return usage.ru_maxrss / 2**20  # KiB -> GiB
+
+
+def loader_throughput(data: str, length: int, seconds: float = 5.0) -> float:
+  """Masked examples per second that one thread makes (read, decode, mask) at `length`."""
+  prepared = loader.PreparedData(data)
+  tok = prepared.tokenizer()
+  masking = loader.Masking(pe.SpecialTokens.from_tokenizer(tok), 0.15, round(length * 20 / 128),
+                           True, 0, None)
+  batches = loader.PairBatches(prepared, length, masking, batch_size=256, threads=1)
+  n = batches.num_examples()
+  rng = np.random.default_rng(0)
+  done, start = 0, time.perf_counter()
+  while time.perf_counter() - start < seconds:
+    batches._batch("train", rng.integers(n, size=256), np.zeros(256, int))  # pylint: disable=protected-access
+    done += 256
+  return done / (time.perf_counter() - start)
+
+
+def main(argv=None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--text_mb", default="100,1000", help="corpus sizes in MB")
+  parser.add_argument("--workers", type=int, default=2)
+  parser.add_argument("--steps", type=int, default=50, help="training steps for the RSS")
+  parser.add_argument("--dir", default="/tmp/bertjax_data_bench")
+  args = parser.parse_args(argv)
+  os.makedirs(args.dir, exist_ok=True)
+  first = None
+  for megabytes in (int(m) for m in args.text_mb.split(",")):
+    text = corpus_file(args.dir, megabytes)
+    mb = os.path.getsize(text) / 2**20
+    data = os.path.join(args.dir, f"data_{megabytes}MB")
+    if os.path.exists(os.path.join(data, prepare.INFO_FILE)):
+      print(f"{mb:.0f} MB: reusing {data}")
+    else:
+      seconds, info = time_preparation(text, data, args.workers, (128, 512))
+      print(f"{mb:.0f} MB prepared (lengths 128 and 512, dupe_factor 5) in {seconds:.0f} s with "
+            f"{args.workers} workers: {mb / seconds * 60 / args.workers:.1f} MB of text per "
+            f"minute per worker; {info['phases']['128']['examples']:,} examples at 128, "
+            f"{info['phases']['512']['examples']:,} at 512")
+    rss = training_peak_rss(data, os.path.join(args.dir, f"run_{megabytes}MB_{time.time():.0f}"),
+                            args.steps)
+    print(f"{mb:.0f} MB: peak RSS of the training process {rss:.2f} GiB")
+    first = first or data
+  for length in (128, 512):
+    rate = loader_throughput(first, length)
+    print(f"loader, seq {length}: {rate:,.0f} masked examples/s on one core "
+          f"(5,500 sequences/s, an H100's BERT-base rate at 128, takes {5500 / rate:.1f} cores)")
+
+
+if __name__ == "__main__":
+  main()
