@@ -4,6 +4,7 @@ corpus, a 32-token sequence)."""
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -150,6 +151,35 @@ def test_resume_in_a_fresh_process_continues_exactly(corpus, tmp_path):
   train_a = [r["loss"] for r in _metrics(straight) if r["split"] == "train"]
   train_b = [r["loss"] for r in _metrics(resumed) if r["split"] == "train"]
   assert train_a == train_b
+
+
+def test_kill_9_and_rerun_continue_bitwise_in_the_long_phase(corpus, tmp_path):
+  """A run killed with SIGKILL in its second phase (48 tokens from step 5) and rerun ends with
+  the parameters and losses of a run never stopped: the data position in each checkpoint is
+  exact."""
+  flags = ["--config.train.num_train_steps=100000", "--config.train.eval_every_steps=100000",
+           "--config.data.long_seq_length=48", "--config.data.long_max_predictions_per_seq=7",
+           "--config.train.long_seq_from_step=5"]
+  straight, killed = tmp_path / "straight", tmp_path / "killed"
+  out = _run(straight, _flags(corpus, *flags, "--config.train.stop_after_steps=10"))
+  assert out.returncode == 0, out.stderr[-3000:]
+  process = subprocess.Popen(_command(killed, _flags(corpus, *flags)), env=_env(), cwd=ROOT,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  deadline = time.time() + 240
+  while time.time() < deadline and process.poll() is None:
+    if (killed / "metrics.jsonl").exists() and len(_metrics(killed)) >= 7:
+      break
+    time.sleep(0.05)
+  process.kill()
+  assert process.wait(timeout=60) == -signal.SIGKILL
+  out = _run(killed, _flags(corpus, *flags, "--config.train.stop_after_steps=10"))
+  assert out.returncode == 0, out.stderr[-3000:]
+  resumed_from = int(re.search(r"resuming from step (\d+)", out.stdout + out.stderr).group(1))
+  assert 6 <= resumed_from < 10
+  jax.tree.map(np.testing.assert_array_equal, _saved_params(straight, 10)[0],
+               _saved_params(killed, 10)[0])
+  losses = {r["step"]: r["loss"] for r in _metrics(straight) if r["split"] == "train"}
+  assert all(losses[r["step"]] == r["loss"] for r in _metrics(killed) if r["split"] == "train")
 
 
 def test_sigterm_saves_a_checkpoint_and_the_run_resumes(corpus, tmp_path):

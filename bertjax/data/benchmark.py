@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from bertjax.data import loader, prepare, sources
+from bertjax.data import loader, prepare, shards, sources
 from bertjax.data import pretraining_examples as pe
 
 _VOCAB = 8000
@@ -82,13 +82,38 @@ def loader_throughput(data: str, length: int, seconds: float = 5.0) -> float:
   return done / (time.perf_counter() - start)
 
 
+def heldout_overlap(data: str, n: int = 8) -> float:
+  """The share of the held-out documents' token n-grams that occur in the training documents
+  (text that repeats across documents, not a leak: the split is by document)."""
+  prepared = loader.PreparedData(data)
+
+  def grams(split):
+    listing = prepared.info["documents"][split]
+    source = shards.Records([os.path.join(data, name) for name, _ in listing],
+                            [n for _, n in listing])
+    out = set()
+    for record in source.read(np.arange(len(source))):
+      tokens = np.concatenate(shards.decode_document(record, prepared.dtype)).tolist()
+      out.update(tuple(tokens[j:j + n]) for j in range(len(tokens) - n + 1))
+    return out
+
+  heldout = grams("heldout")
+  return len(heldout & grams("train")) / max(1, len(heldout))
+
+
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--text_mb", default="100,1000", help="corpus sizes in MB")
   parser.add_argument("--workers", type=int, default=2)
   parser.add_argument("--steps", type=int, default=50, help="training steps for the RSS")
   parser.add_argument("--dir", default="/tmp/bertjax_data_bench")
+  parser.add_argument("--overlap_of", default="", help="only print the held-out 8-gram overlap "
+                      "of this prepared directory")
   args = parser.parse_args(argv)
+  if args.overlap_of:
+    print(f"{args.overlap_of}: {heldout_overlap(args.overlap_of):.1%} of the held-out 8-grams "
+          "occur in the training documents")
+    return
   os.makedirs(args.dir, exist_ok=True)
   first = None
   for megabytes in (int(m) for m in args.text_mb.split(",")):

@@ -9,14 +9,11 @@ A batch is a dict of numpy arrays with fixed keys (DESIGN.md):
   example_weight                         [batch] float32: 1 for a real example, 0 for padding
                                          (only eval batches pad; training batches are all 1)
 
-Training reads one global stream: the pair records of a phase, in a fresh global permutation
-every epoch (grain's index shuffle: no permutation is held in memory), without end. Global batch
-j is the stream's elements [j * G, (j + 1) * G) for a global batch of G = batch_size * P on P
-hosts, and host p reads only its rows, elements [j * G + p * batch_size, ...) of it, so a
-global batch is the same rows in the same order on any number of hosts. The position is global:
-the number of stream elements consumed. A run resumed on another number of hosts (with the same
-global batch) continues with exactly the batches the uninterrupted run would have seen, and
-every example of the epoch once. Each batch reads its records in one parallel array_record read.
+Training reads the phase's pairs as pipeline.host_batches streams examples: a fresh global
+permutation every epoch, host p making only its rows of each global batch, so a global batch is
+the same rows on any number of hosts, and a global position (stream elements consumed) that a
+run resumed on another number of hosts continues exactly. Each batch reads its records in one
+parallel array_record read.
 
 Masks: with dynamic masking, the example of record r is masked in epoch e from a generator
 seeded by (seed, e, r), so masks change every epoch and do not depend on the batch size or the
@@ -26,20 +23,18 @@ in the same per-host slices; the last batch is padded with all-zero rows of weig
 """
 from __future__ import annotations
 
-import bisect
 import json
 import os
 from collections.abc import Iterator
 
 import numpy as np
 
+from bertjax.data import pipeline, shards
 from bertjax.data import pretraining_examples as pe
-from bertjax.data import shards
 from bertjax.errors import UserError
 
 BATCH_KEYS = pe.PAIR_KEYS + pe.MASK_KEYS + ("example_weight",)
 _STATIC_MASKS, _DYNAMIC_MASKS, _ORDER = 0, 1, 2  # kinds of seed, so no two draws share one
-_ENDLESS = 2**62  # batches of a training stream
 
 
 class PreparedData:
@@ -85,15 +80,13 @@ class PreparedData:
       return 0
     return int(self.flags["max_predictions_per_seq"][self.flags["max_seq_length"].index(length)])
 
-  def pairs(self, length: int, split: str) -> tuple[object, list[str], list[int]]:
-    """(grain data source, shard paths, record counts) of the `split` pairs at `length`."""
+  def pairs(self, length: int, split: str) -> shards.Records:
+    """The `split` pairs at `length` (their shards opened and checked on first use)."""
     key = (length, split)
     if key not in self._sources:
       listing = self.info["phases"][str(length)][split]
-      paths = [os.path.join(self.directory, name) for name, _ in listing]
-      counts = [int(n) for _, n in listing]
-      source = shards.open_shards(paths, counts) if paths else []
-      self._sources[key] = (source, paths, counts)
+      self._sources[key] = shards.Records(
+          [os.path.join(self.directory, name) for name, _ in listing], [n for _, n in listing])
     return self._sources[key]
 
 
@@ -162,21 +155,18 @@ class PairBatches:
                       "it to match, or prepare again.")
 
   def num_examples(self, split: str = "train") -> int:
-    return sum(self.data.pairs(self.length, split)[2])
+    return len(self.data.pairs(self.length, split))
 
   def _batch(self, split: str, records: np.ndarray, epochs: np.ndarray | None
              ) -> dict[str, np.ndarray]:
     """The masked batch of `records` ([n] record indices of `split`)."""
-    source, paths, counts = self.data.pairs(self.length, split)
     try:
-      raw = source.__getitems__([int(r) for r in records]) if len(records) else []
-      pairs = shards.decode_pairs(raw, self.data.dtype, self.length, self.masking.special.cls,
+      pairs = shards.decode_pairs(self.data.pairs(self.length, split).read(records),
+                                  self.data.dtype, self.length, self.masking.special.cls,
                                   self.masking.special.sep, self.stored)
-    except (RuntimeError, ValueError) as e:
-      ends = np.cumsum(counts)
-      bad = paths[bisect.bisect_right(ends, int(records[0]))] if len(records) else "?"
-      raise UserError(f"cannot read pair records of {bad} (or a shard after it): {e}; the "
-                      "shard is damaged. Delete it and rerun bertjax.data.prepare.") from None
+    except ValueError as e:
+      raise UserError(f"a pair record of {self.data.directory} at {self.length} tokens is "
+                      f"damaged ({e}); prepare the data again.") from None
     if not self.stored:
       pairs.update(self.masking.apply(pairs, records, epochs))
     pairs["example_weight"] = np.ones(len(records), np.float32)
@@ -188,8 +178,6 @@ class PairBatches:
     Yields:
       (batch of [batch_size, ...] arrays, the global position after it).
     """
-    import grain  # pylint: disable=import-outside-toplevel
-
     n = self.num_examples()
     global_batch = self.batch_size * self.process_count
     if n < global_batch:
@@ -197,29 +185,14 @@ class PairBatches:
                       f"global batch of {global_batch}; use a smaller batch size, a larger "
                       "dupe_factor or more text.")
     seed = int(np.random.default_rng([self.masking.seed, _ORDER, self.length]).integers(2**31))
-    stream = grain.MapDataset.range(n).shuffle(seed=seed).repeat()  # record index per element
-    offset = examples + self.process_index * self.batch_size
-
-    def batch(j):  # this host's rows of global batch j: elements offset + j * G + [0, b)
-      elements = offset + j * global_batch + np.arange(self.batch_size)
-      records = np.array([stream[int(e)] for e in elements])
-      return self._batch("train", records, elements // n)
-
-    batches = grain.MapDataset.range(_ENDLESS).map(batch).to_iter_dataset(
-        grain.ReadOptions(num_threads=self.threads, prefetch_buffer_size=2 * self.threads))
-    for j, item in enumerate(batches):
-      yield item, examples + (j + 1) * global_batch
+    yield from pipeline.host_batches(
+        n, seed, examples, lambda rows, epochs: self._batch("train", rows, epochs),
+        batch_size=self.batch_size, process_index=self.process_index,
+        process_count=self.process_count, threads=self.threads)
 
   def eval_batches(self) -> Iterator[dict[str, np.ndarray]]:
     """One pass over the held-out pairs in order, fixed masks; this host's rows of each global
     batch, the last padded with all-zero rows whose example_weight is 0."""
-    n = self.num_examples("heldout")
-    global_batch = self.batch_size * self.process_count
-    for j in range(-(-n // global_batch)):
-      start = j * global_batch + self.process_index * self.batch_size
-      batch = self._batch("heldout", np.arange(start, min(start + self.batch_size, n)), None)
-      pad = self.batch_size - len(batch["input_ids"])
-      if pad:
-        batch = {key: np.pad(value, [(0, pad)] + [(0, 0)] * (value.ndim - 1))
-                 for key, value in batch.items()}
-      yield batch
+    for rows in pipeline.eval_rows(self.num_examples("heldout"), self.batch_size,
+                                   self.process_index, self.process_count):
+      yield pipeline.pad_batch(self._batch("heldout", rows, None), self.batch_size)

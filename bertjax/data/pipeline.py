@@ -1,25 +1,21 @@
-"""Batches of fine-tuning features held in memory, streamed with grain as loader.PairBatches
-streams pretraining pairs.
+"""Batches streamed with grain, for one host of a job: the global stream, each host's rows, a
+global resumable position, and the padded evaluation pass. `FeatureBatches` serves fine-tuning
+features held in memory; loader.PairBatches streams pretraining pairs from shards the same way.
 
-`FeatureBatches` serves fixed features {key: [N, ...] array}; each batch is every key's rows
-plus `example_weight` [batch] float32 (1 for a real example, 0 for the padding of the last eval
-batch).
+Training (`host_batches`) reads one global stream of example indices without end: the N
+examples in a fresh global permutation every epoch (grain's index shuffle, nothing held in
+memory; in order without shuffling). Global batch j is the stream's elements [j * G, (j + 1) * G)
+for a global batch of G = batch_size * P on P hosts, and host p makes only its rows, elements
+[j * G + p * batch_size, ...) of it, so a global batch is the same rows in the same order on any
+number of hosts. A global batch may span two epochs; none is dropped.
 
-Training (`iterate`) reads one global stream of example indices without end: the N examples in
-a fresh global permutation every epoch (grain's index shuffle; in order with shuffle=False).
-Host p of P takes stream elements p, p + P, p + 2P, ..., `batch_size` at a time, so the hosts'
-batches together are the stream's next `batch_size * P` elements, and one numpy gather a batch
-reads a host's rows from memory. A global batch may span two epochs; none is dropped.
+The position is global, the number of stream elements consumed. Storing it with a checkpoint
+and passing it back replays exactly the batches that would have followed, also on another
+number of hosts (with the same global batch).
 
-The position is global, {"examples": stream elements consumed by all hosts}. Storing it with a
-checkpoint and passing it back to `iterate` replays exactly the batches that would have
-followed, on any host count that divides it.
-
-Evaluation (`eval_batches`) goes once through the examples in order. Host p takes rows
-[p * batch_size, (p + 1) * batch_size) of each global batch, so the global batch (the hosts'
-rows in host order) is the next `batch_size * P` examples in order and per-example predictions
-come back in the examples' order. The last global batch is padded with all-zero rows whose
-`example_weight` is 0.
+Evaluation (`eval_rows`) goes once through the examples in order, in the same per-host blocks,
+so per-example predictions come back in the examples' order; the last global batch is padded
+(`pad_batch`) with all-zero rows whose `example_weight` is 0.
 """
 from __future__ import annotations
 
@@ -31,6 +27,7 @@ from bertjax.errors import UserError
 
 Position = dict[str, int]
 _ORDER = 2  # kind of seed of the epoch orders
+_ENDLESS = 2**62  # batches of a training stream
 
 
 class FeatureBatches:
@@ -94,30 +91,19 @@ class FeatureBatches:
     return self._train_batches(examples)
 
   def _train_batches(self, examples: int) -> Iterator[tuple[dict[str, np.ndarray], Position]]:
-    import grain  # pylint: disable=import-outside-toplevel
-
-    stream = grain.MapDataset.range(self.num_examples)  # example index per stream element
-    if self.shuffle:
-      stream = stream.shuffle(seed=self._order_seed())
-    start = examples + self.process_index
-    host = stream.repeat()[start::self.process_count].batch(self.batch_size)
-    batches = host.map(self._batch).to_iter_dataset(
-        grain.ReadOptions(num_threads=self.threads, prefetch_buffer_size=2 * self.threads))
-    for j, batch in enumerate(batches):
-      yield batch, {"examples": examples + (j + 1) * self.global_batch_size}
+    order_seed = self._order_seed() if self.shuffle else None
+    for batch, after in host_batches(
+        self.num_examples, order_seed, examples, lambda rows, _: self._batch(rows),
+        batch_size=self.batch_size, process_index=self.process_index,
+        process_count=self.process_count, threads=self.threads):
+      yield batch, {"examples": after}
 
   def eval_batches(self) -> Iterator[dict[str, np.ndarray]]:
     """One pass over the examples in order; this host's block of each global batch, the last
     padded with all-zero rows whose example_weight is 0."""
-    for j in range(self.num_eval_batches):
-      first = j * self.global_batch_size + self.process_index * self.batch_size
-      rows = np.arange(first, min(first + self.batch_size, self.num_examples))  # may be empty
-      batch = self._batch(rows)
-      pad = self.batch_size - len(rows)
-      if pad:
-        batch = {key: np.pad(value, [(0, pad)] + [(0, 0)] * (value.ndim - 1))
-                 for key, value in batch.items()}
-      yield batch
+    for rows in eval_rows(self.num_examples, self.batch_size, self.process_index,
+                          self.process_count):
+      yield pad_batch(self._batch(rows), self.batch_size)
 
   def _order_seed(self) -> int:
     """grain's shuffle seed of the epoch orders, from `seed`."""
@@ -145,7 +131,60 @@ def _check_position(position: Position | None, process_count: int) -> int:
   except (KeyError, TypeError, ValueError):
     raise UserError(f"data position {position!r} is not {{'examples': N}} with N >= 0; the "
                     "checkpoint's data state is damaged. Start from a fresh workdir.") from None
-  if examples % process_count:
-    raise UserError(f"the data position ({examples} examples) does not divide among "
-                    f"{process_count} hosts; resume on a host count that divides it.")
+  del process_count  # any host count resumes a global position
   return int(examples)
+
+
+def host_batches(num_examples: int, order_seed: int | None, examples: int, make_batch, *,
+                 batch_size: int, process_index: int, process_count: int, threads: int
+                 ) -> Iterator[tuple[dict[str, np.ndarray], int]]:
+  """This host's training batches from global stream position `examples` (module docstring).
+
+  Args:
+    num_examples: N, the examples of an epoch.
+    order_seed: grain's shuffle seed of the epoch orders; None: every epoch in order.
+    examples: stream elements consumed so far (0 = the start).
+    make_batch: (rows [batch_size] example indices, epochs [batch_size]) -> batch dict.
+    batch_size, process_index, process_count: this host's share of the global batch.
+    threads: threads that make batches ahead of the training step.
+
+  Yields:
+    (batch, the global position after it).
+  """
+  import grain  # pylint: disable=import-outside-toplevel
+
+  stream = grain.MapDataset.range(num_examples)  # example index per stream element
+  if order_seed is not None:
+    stream = stream.shuffle(seed=order_seed)
+  stream = stream.repeat()
+  global_batch = batch_size * process_count
+  offset = examples + process_index * batch_size
+
+  def batch(j):  # this host's rows of global batch j: elements offset + j * G + [0, b)
+    elements = offset + j * global_batch + np.arange(batch_size)
+    rows = np.array([stream[int(e)] for e in elements])
+    return make_batch(rows, elements // num_examples)
+
+  batches = grain.MapDataset.range(_ENDLESS).map(batch).to_iter_dataset(
+      grain.ReadOptions(num_threads=threads, prefetch_buffer_size=2 * threads))
+  for j, item in enumerate(batches):
+    yield item, examples + (j + 1) * global_batch
+
+
+def eval_rows(num_examples: int, batch_size: int, process_index: int,
+              process_count: int) -> Iterator[np.ndarray]:
+  """This host's example indices of each global batch of one pass in order (the last ones may
+  be fewer than batch_size, or none)."""
+  global_batch = batch_size * process_count
+  for j in range(-(-num_examples // global_batch)):
+    first = j * global_batch + process_index * batch_size
+    yield np.arange(first, min(first + batch_size, num_examples))
+
+
+def pad_batch(batch: dict[str, np.ndarray], batch_size: int) -> dict[str, np.ndarray]:
+  """A batch of fewer than batch_size rows, padded with all-zero rows (example_weight 0)."""
+  pad = batch_size - len(batch["example_weight"])
+  if not pad:
+    return batch
+  return {key: np.pad(value, [(0, pad)] + [(0, 0)] * (value.ndim - 1))
+          for key, value in batch.items()}

@@ -241,6 +241,8 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> train.Task:
   if data.long_seq_length:
     phases.append(batches(data.long_seq_length, data.long_max_predictions_per_seq,
                           tr.batch_size))
+  for phase in phases:  # opens every phase's shards: a damaged one is named now
+    phase.num_examples()
   eval_batches = batches(data.max_seq_length, data.max_predictions_per_seq, tr.eval_batch_size)
   num_eval = eval_batches.num_examples("heldout")
   baseline_token = int(prepared.info["most_common_token"])
