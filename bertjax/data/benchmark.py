@@ -5,8 +5,9 @@ memory as the corpus grows, and the loader's masked examples per second per core
 
 For each size, the bundled corpus is repeated into DIR/text_NMB.txt, prepared with
 `bertjax.data.prepare` (vocabulary 8000, 128 and 512 tokens, dupe_factor 5, 16 MB text shards
-so that every worker has work) in `--workers` processes, and then `python -m bertjax.main --config=configs/tiny.py` trains
-`--steps` steps from it in a child process whose peak resident memory (ru_maxrss) is printed.
+so that every worker has work) in `--workers` processes, and then
+`python -m bertjax.main --config=configs/tiny.py` trains
+`--steps` steps from it in a child process whose peak resident memory (VmHWM) is printed.
 The loader is timed on one thread (dynamic masking, batches of 256) at 128 and 512 tokens.
 Timings are of this machine: run it on a quiet one.
 """
@@ -58,12 +59,18 @@ def training_peak_rss(data: str, workdir: str, steps: int) -> float:
              f"--config.train.num_train_steps={steps}", "--config.train.warmup_steps=1",
              f"--config.train.eval_every_steps={steps}", "--config.train.eval_steps=2",
              f"--config.train.log_every_steps={steps}"]
-  process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                             text=True)
-  _, status, usage = os.wait4(process.pid, 0)
-  if status:
-    raise SystemExit(f"training failed: {process.stderr.read()[-2000:]}")
-  return usage.ru_maxrss / 2**20  # KiB -> GiB
+  process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  peak = 0  # VmHWM: the peak since exec (ru_maxrss would count this process's size at fork)
+  while process.poll() is None:
+    try:
+      with open(f"/proc/{process.pid}/status") as f:
+        peak = max(peak, int(f.read().split("VmHWM:")[1].split()[0]))
+    except (OSError, IndexError):
+      pass
+    time.sleep(0.1)
+  if process.returncode:
+    raise SystemExit(f"training failed: rerun {' '.join(command)} to see why")
+  return peak / 2**20  # KiB -> GiB
 
 
 def loader_throughput(data: str, length: int, seconds: float = 5.0) -> float:
@@ -77,7 +84,8 @@ def loader_throughput(data: str, length: int, seconds: float = 5.0) -> float:
   rng = np.random.default_rng(0)
   done, start = 0, time.perf_counter()
   while time.perf_counter() - start < seconds:
-    batches._batch("train", rng.integers(n, size=256), np.zeros(256, int))  # pylint: disable=protected-access
+    rows = rng.integers(n, size=256)
+    batches._batch("train", rows, np.zeros(256, int))  # pylint: disable=protected-access
     done += 256
   return done / (time.perf_counter() - start)
 

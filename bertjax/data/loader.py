@@ -12,8 +12,8 @@ A batch is a dict of numpy arrays with fixed keys (DESIGN.md):
 Training reads the phase's pairs as pipeline.host_batches streams examples: a fresh global
 permutation every epoch, host p making only its rows of each global batch, so a global batch is
 the same rows on any number of hosts, and a global position (stream elements consumed) that a
-run resumed on another number of hosts continues exactly. Each batch reads its records in one
-parallel array_record read.
+run resumed on another number of hosts continues exactly. A batch reads only its own records
+(shards.Records), so memory does not grow with the corpus.
 
 Masks: with dynamic masking, the example of record r is masked in epoch e from a generator
 seeded by (seed, e, r), so masks change every epoch and do not depend on the batch size or the
@@ -38,7 +38,7 @@ _STATIC_MASKS, _DYNAMIC_MASKS, _ORDER = 0, 1, 2  # kinds of seed, so no two draw
 
 
 class PreparedData:
-  """A directory written by bertjax.data.prepare: its info.json, tokenizer and shard sources.
+  """A directory written by bertjax.data.prepare: its info.json, tokenizer and pair shards.
 
   Raises UserError if the directory holds no finished preparation.
   """

@@ -32,6 +32,7 @@ import argparse
 import dataclasses
 import glob
 import hashlib
+import itertools
 import json
 import multiprocessing
 import os
@@ -219,22 +220,14 @@ def process_text_shard(output_dir: str, index: int) -> dict:
   """Turns text shard `index` of DATA/plan.json into its document and pair shards, and writes
   DATA/done/INDEX.json with its counts (returned). Needs only DATA (Beam workers call it)."""
   from bertjax import tokenization  # pylint: disable=import-outside-toplevel
-  from bertjax.data import pretraining_examples as pe  # pylint: disable=import-outside-toplevel
 
   with open(os.path.join(output_dir, PLAN_FILE)) as f:
     plan = json.load(f)
   options, text_shards = Options.from_json(plan["flags"]), plan["text_shards"]
   count = len(text_shards)
   tok = tokenization.load_tokenizer(os.path.join(output_dir, plan["vocab_file"]))
-  special = pe.SpecialTokens.from_tokenizer(tok)
   dtype = shards.token_dtype(tok.vocab_size)
-  texts = read_text_shard(text_shards[index], options)
-  rng = np.random.default_rng([options.seed, _PAIRS, index])
-  splits = {}
-  for split, docs in zip(("train", "heldout"),
-                         split_heldout(texts, options.eval_fraction, options.seed, index)):
-    docs = [docs[i] for i in rng.permutation(len(docs))]  # as the original shuffles documents
-    splits[split] = _tokenize(tok, docs)
+  splits = shard_documents(options, text_shards, index, tok)
   documents = splits["train"] + splits["heldout"]
   done = {"text_bytes": text_shards[index]["stop"] - text_shards[index]["start"]
           if "path" in text_shards[index] else 0,
@@ -242,32 +235,51 @@ def process_text_shard(output_dir: str, index: int) -> dict:
           "sentences": sum(len(d) for d in documents),
           "tokens": int(sum(len(s) for d in documents for s in d)), "files": {}}
   for split, docs in splits.items():
-    if docs:
-      name = shards.shard_name("documents", split, index, count)
-      done["files"][name] = shards.write_shard(
-          os.path.join(output_dir, name), (shards.encode_document(d, dtype) for d in docs))
-  word_tables = tok.word_boundary_tables() if options.whole_word_masking else None
-  for phase, (length, predictions) in enumerate(zip(options.max_seq_length,
-                                                    options.max_predictions_per_seq)):
-    for split, docs in splits.items():
-      if not docs:
-        continue
-      rng = np.random.default_rng([options.seed, _PAIRS, index, phase, split == "heldout"])
-      pairs = pe.iter_segment_pairs(docs, length, options.short_seq_prob, rng,
-                                    options.dupe_factor if split == "train" else 1)
-      if options.static_masks:
-        mask_rng = np.random.default_rng([options.seed, _MASKS, index, phase, split == "train"])
-        records = _masked_records(pairs, length, predictions, special, options, mask_rng,
-                                  word_tables, dtype)
-      else:
-        records = (shards.encode_pair(a, b, r, dtype) for a, b, r in pairs)
+    if not docs:
+      continue
+    name = shards.shard_name("documents", split, index, count)
+    done["files"][name] = shards.write_shard(
+        os.path.join(output_dir, name), (shards.encode_document(d, dtype) for d in docs))
+    for phase, length in enumerate(options.max_seq_length):
       name = shards.shard_name(f"seq{length}", split, index, count)
-      done["files"][name] = shards.write_shard(os.path.join(output_dir, name), records)
+      done["files"][name] = shards.write_shard(
+          os.path.join(output_dir, name),
+          _pair_records(docs, split, index, phase, options, tok, dtype))
   counts = np.bincount(np.concatenate([s for d in splits["train"] for s in d] or [[]]).astype(
       np.int64), minlength=tok.vocab_size)
   done["token_counts"] = {int(i): int(c) for i, c in enumerate(counts) if c}
   _write_json(os.path.join(output_dir, DONE_DIR, f"{index:05d}.json"), done)
   return done
+
+
+def shard_documents(options: Options, text_shards: list[dict], index: int,
+                    tok) -> dict[str, list[list[list[int]]]]:
+  """{"train", "heldout"}: the tokenized documents of text shard `index`, each set shuffled as
+  the original shuffles its documents."""
+  rng = np.random.default_rng([options.seed, _PAIRS, index])
+  texts = read_text_shard(text_shards[index], options)
+  splits = {}
+  for split, docs in zip(("train", "heldout"),
+                         split_heldout(texts, options.eval_fraction, options.seed, index)):
+    splits[split] = _tokenize(tok, [docs[i] for i in rng.permutation(len(docs))])
+  return splits
+
+
+def _pair_records(docs, split: str, index: int, phase: int, options: Options, tok, dtype):
+  """The records of the NSP pairs (masked if static) of a text shard's `split` documents at the
+  phase's length: dupe_factor passes for training, one for held-out documents."""
+  from bertjax.data import pretraining_examples as pe  # pylint: disable=import-outside-toplevel
+
+  length = options.max_seq_length[phase]
+  rng = np.random.default_rng([options.seed, _PAIRS, index, phase, split == "heldout"])
+  pairs = pe.iter_segment_pairs(docs, length, options.short_seq_prob, rng,
+                                options.dupe_factor if split == "train" else 1)
+  if not options.static_masks:
+    return (shards.encode_pair(a, b, r, dtype) for a, b, r in pairs)
+  return _masked_records(
+      pairs, length, options.max_predictions_per_seq[phase], pe.SpecialTokens.from_tokenizer(tok),
+      options, np.random.default_rng([options.seed, _MASKS, index, phase, split == "train"]),
+      tok.word_boundary_tables() if options.whole_word_masking else None, dtype)
 
 
 def _tokenize(tok, texts: list[list[str]]) -> list[list[list[int]]]:
@@ -287,23 +299,19 @@ def _masked_records(pairs, length, predictions, special, options, rng, word_tabl
   from bertjax import tokenization  # pylint: disable=import-outside-toplevel
   from bertjax.data import pretraining_examples as pe  # pylint: disable=import-outside-toplevel
 
-  chunk = []
-  for pair in [*pairs, None]:
-    if pair is not None:
-      chunk.append(pair)
-    if len(chunk) == _MASK_CHUNK or (pair is None and chunk):
-      padded = pe.pad_pairs(chunk, length, special)
-      ids = padded["input_ids"]
-      starts = None if word_tables is None else tokenization.word_starts(ids, *word_tables)
-      masked = pe.mask_batch(ids, padded["input_mask"], rng, special, options.masked_lm_prob,
-                             predictions, starts)
-      for row, (a, b, is_random) in enumerate(chunk):
-        tokens = masked["input_ids"][row]
-        real = int(masked["masked_lm_weights"][row].sum())
-        yield shards.encode_pair(tokens[1:1 + len(a)], tokens[2 + len(a):2 + len(a) + len(b)],
-                                 is_random, dtype, masked["masked_lm_positions"][row, :real],
-                                 masked["masked_lm_ids"][row, :real])
-      chunk = []
+  pairs = iter(pairs)
+  while chunk := list(itertools.islice(pairs, _MASK_CHUNK)):
+    padded = pe.pad_pairs(chunk, length, special)
+    ids = padded["input_ids"]
+    starts = None if word_tables is None else tokenization.word_starts(ids, *word_tables)
+    masked = pe.mask_batch(ids, padded["input_mask"], rng, special, options.masked_lm_prob,
+                           predictions, starts)
+    for row, (a, b, is_random) in enumerate(chunk):
+      tokens = masked["input_ids"][row]
+      real = int(masked["masked_lm_weights"][row].sum())
+      yield shards.encode_pair(tokens[1:1 + len(a)], tokens[2 + len(a):2 + len(a) + len(b)],
+                               is_random, dtype, masked["masked_lm_positions"][row, :real],
+                               masked["masked_lm_ids"][row, :real])
 
 
 # ----------------------------------------------------------------------------------------------

@@ -124,7 +124,7 @@ def prepared_data(config: ml_collections.ConfigDict, workdir: str) -> loader.Pre
   return loader.PreparedData(directory)
 
 
-def check_prepared(data: loader.PreparedData, config: ml_collections.ConfigDict, tok) -> None:
+def check_prepared(data: loader.PreparedData, config: ml_collections.ConfigDict) -> None:
   """UserError, before any step, if prepared data cannot serve the run: another vocabulary,
   no pairs at a sequence length a phase needs, or stored masks of another kind."""
   given = config.data.vocab_model
@@ -145,7 +145,6 @@ def check_prepared(data: loader.PreparedData, config: ml_collections.ConfigDict,
       data.flags["static_masks"]:
     raise UserError(f"{data.directory} stores masks made with whole_word_masking="
                     f"{data.flags['whole_word_masking']}; set data.whole_word_masking to match.")
-  del tok
 
 
 # ----------------------------------------------------------------------------------------------
@@ -225,7 +224,7 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> train.Task:
   data, tr = config.data, config.train
   prepared = prepared_data(config, workdir)
   tok = prepared.tokenizer()
-  check_prepared(prepared, config, tok)
+  check_prepared(prepared, config)
   special = pe.SpecialTokens.from_tokenizer(tok)
   word_tables = tok.word_boundary_tables() if data.whole_word_masking else None
 
