@@ -1,7 +1,9 @@
 """BERT-base (L12 H768 A12, 110M parameters) pretraining, the paper's recipe.
 
+  python -m bertjax.data.prepare --input='/data/text/*.txt' --output_dir=/mnt/bucket/bert_data \
+      --vocab=/data/vocab.txt --max_seq_length=128,512 --dupe_factor=5
   python -m bertjax.main --config=configs/base.py --workdir=/mnt/bucket/bert_base \
-      --config.data.input_files='/data/text/*.txt' --config.data.vocab_model=/data/vocab.model
+      --config.data.prepared=/mnt/bucket/bert_data
 
 Batch 256, lr 1e-4 (warmup 10k, linear decay), 1M steps: 900k at sequence length 128 (20
 predictions per sequence), then 100k at 512 (80 predictions), switched within the one run. Text

@@ -161,23 +161,23 @@ def test_kill_9_and_rerun_continue_bitwise_in_the_long_phase(corpus, tmp_path):
            "--config.data.long_seq_length=48", "--config.data.long_max_predictions_per_seq=7",
            "--config.train.long_seq_from_step=5"]
   straight, killed = tmp_path / "straight", tmp_path / "killed"
-  out = _run(straight, _flags(corpus, *flags, "--config.train.stop_after_steps=10"))
+  out = _run(straight, _flags(corpus, *flags, "--config.train.stop_after_steps=16"))
   assert out.returncode == 0, out.stderr[-3000:]
   process = subprocess.Popen(_command(killed, _flags(corpus, *flags)), env=_env(), cwd=ROOT,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   deadline = time.time() + 240
   while time.time() < deadline and process.poll() is None:
-    if (killed / "metrics.jsonl").exists() and len(_metrics(killed)) >= 7:
-      break
+    if (killed / "metrics.jsonl").exists() and len(_metrics(killed)) >= 12:
+      break  # the save at step 10 waited for step 8's: 8 is committed
     time.sleep(0.05)
   process.kill()
   assert process.wait(timeout=60) == -signal.SIGKILL
-  out = _run(killed, _flags(corpus, *flags, "--config.train.stop_after_steps=10"))
+  out = _run(killed, _flags(corpus, *flags, "--config.train.stop_after_steps=16"))
   assert out.returncode == 0, out.stderr[-3000:]
   resumed_from = int(re.search(r"resuming from step (\d+)", out.stdout + out.stderr).group(1))
-  assert 6 <= resumed_from < 10
-  jax.tree.map(np.testing.assert_array_equal, _saved_params(straight, 10)[0],
-               _saved_params(killed, 10)[0])
+  assert 8 <= resumed_from < 16
+  jax.tree.map(np.testing.assert_array_equal, _saved_params(straight, 16)[0],
+               _saved_params(killed, 16)[0])
   losses = {r["step"]: r["loss"] for r in _metrics(straight) if r["split"] == "train"}
   assert all(losses[r["step"]] == r["loss"] for r in _metrics(killed) if r["split"] == "train")
 
