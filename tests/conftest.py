@@ -58,7 +58,7 @@ def _tiny_builder_class():
   return BertjaxTinyText
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tiny_tfds(tmp_path_factory):
   data_dir = str(tmp_path_factory.mktemp("tfds"))
   builder = _tiny_builder_class()(data_dir=data_dir, file_format="array_record")
