@@ -18,6 +18,7 @@ import pytest
 from bertjax import tokenization
 from bertjax.data import sources
 from bertjax.errors import UserError
+from bertjax.models import heads
 from bertjax.tasks import pretraining
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -332,9 +333,23 @@ def test_prepared_data_that_cannot_serve_the_run(corpus, tmp_path):
                         "max_predictions_per_seq=40", "at most 32")
 
 
-@pytest.mark.parametrize("config", ["configs/base.py", "configs/large.py"])
+def test_large_config_is_the_papers_model():
+  """configs/large.py builds BERT-large: 24 layers of 1024 with 16 heads, 335M parameters with
+  the pretraining heads (shapes only; configs/base.py runs a step end to end below, and saving
+  BERT-large's 4 GB of state would take this machine over a minute)."""
+  from bertjax.configs import large  # pylint: disable=import-outside-toplevel
+  config = pretraining.model_config(large.get_config(), 30522)
+  assert (config.num_layers, config.hidden_size, config.num_heads) == (24, 1024, 16)
+  ids = jax.ShapeDtypeStruct((1, 8), np.int32)
+  shapes = jax.eval_shape(lambda i: heads.BertForPreTraining(config).init(
+      jax.random.PRNGKey(0), i, i, i, deterministic=True), ids)
+  count = sum(np.prod(x.shape) for x in jax.tree.leaves(shapes))
+  assert 334e6 < count < 337e6, count
+
+
+@pytest.mark.parametrize("config", ["configs/base.py"])
 def test_paper_configs_build_and_run_one_step(config, corpus, tmp_path):
-  """BERT-base / -large as configured, at batch 2 and sequence 32, for one step on the CPU."""
+  """BERT-base as configured, at batch 2 and sequence 32, for one step on the CPU."""
   text_file, vocab = corpus
   workdir = tmp_path / "run"
   out = _run(workdir, [f"--config.data.input_files={text_file}",
