@@ -8,7 +8,9 @@
 WordPiece (`WordPieceTokenizer`) follows BERT's rules through the `tokenizers` library: clean
 the text, split CJK characters, lower-case and strip accents (uncased) or neither (cased), split
 on whitespace and punctuation, then greedy longest-match pieces with "##" marking a piece that
-continues a word; a word over 100 characters, or one the vocabulary cannot spell, is [UNK].
+continues a word; a word the vocabulary cannot spell, or one longer than the vocabulary's origin
+allows, is [UNK]: 200 characters for a bare vocab.txt (Google's tokenization.py), a Hugging Face
+tokenizer.json's own max_input_chars_per_word (100 in transformers) when one sits beside it.
 
 Special tokens: `[PAD]` is always id 0; `[UNK] [CLS] [SEP] [MASK]` are at the ids the tokenizer
 reports (1, 2, 3, 4 in models trained here). Models trained here hold `[CLS] [SEP] [MASK]` as
@@ -33,8 +35,19 @@ PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 MODEL_FILE = "vocab.model"  # the name `save` writes
 VOCAB_FILE = "vocab.txt"  # the name WordPieceTokenizer.save writes (Google's and HF's name)
 CONFIG_FILE = "tokenizer_config.json"  # beside vocab.txt: {"do_lower_case": ...} (HF's name)
+HF_TOKENIZER_FILE = "tokenizer.json"  # Hugging Face's whole tokenizer, beside its vocab.txt
+GOOGLE_MAX_CHARS_PER_WORD = 200  # google-research/bert tokenization.py WordpieceTokenizer
 MIN_VOCAB_SIZE = 64  # smaller cannot hold a corpus's characters and the special pieces
 _WORD_START = "\u2581"  # "▁": sentencepiece's mark of a piece that begins a word
+
+
+class UnreadableVocabulary(UserError):
+  """A vocabulary file that cannot be read at all (empty, corrupt). `problem` says what is wrong
+  without the fix, for a caller that knows a better fix for its own copy of the file."""
+
+  def __init__(self, path: str, problem: str, fix: str):
+    super().__init__(f"{path} {problem}; {fix}")
+    self.path, self.problem = path, problem
 
 
 class Tokenizer(abc.ABC):
@@ -127,14 +140,22 @@ class SentencePieceTokenizer(Tokenizer):
     if not os.path.isfile(model_file):
       raise UserError(f"sentencepiece model {model_file} does not exist; give a .model file, or "
                       "train one with bertjax.tokenization.train_sentencepiece.")
+    fix = ("give a .model file written by sentencepiece or "
+           "bertjax.tokenization.train_sentencepiece.")
     try:
       with open(model_file, "rb") as f:
         self._proto = f.read()
+    except OSError as e:
+      raise UserError(f"cannot read {model_file} ({e.strerror}); {fix}") from None
+    if not self._proto:  # sentencepiece would "load" it: 0 pieces, an IndexError further on
+      raise UnreadableVocabulary(model_file, "is empty (0 bytes), not a sentencepiece model", fix)
+    try:
       self._sp = spm.SentencePieceProcessor(model_proto=self._proto)
-    except (OSError, RuntimeError) as e:
-      raise UserError(f"{model_file} is not a sentencepiece model ({str(e).splitlines()[0]}); "
-                      "give a .model file written by sentencepiece or "
-                      "bertjax.tokenization.train_sentencepiece.") from None
+    except RuntimeError:
+      raise UnreadableVocabulary(model_file, "is not a sentencepiece model (its bytes do not "
+                                 "parse as one: corrupt or another kind of file)", fix) from None
+    if not self._sp.get_piece_size():
+      raise UnreadableVocabulary(model_file, "holds no pieces, not a sentencepiece model", fix)
     self.model_file = model_file
     self.vocab_size = self._sp.get_piece_size()
     self.pad_id, self.unk_id = self._sp.pad_id(), self._sp.unk_id()
@@ -189,22 +210,26 @@ class WordPieceTokenizer(Tokenizer):
   """A `Tokenizer` over a BERT vocab.txt (one piece a line, the id is the line's index).
 
   Pieces come from the `tokenizers` library with BERT's rules (BertNormalizer, BertPreTokenizer,
-  WordPiece with "##" and at most 100 characters a word). Text never yields [CLS] [SEP] [MASK]:
-  the text "[MASK]" is the pieces of "[", "mask", "]", as in Google's BERT; add special ids
-  yourself. Text that differs only by Unicode composition (NFC "é" vs "e" + U+0301) gives
-  different pieces when cased, as in Google's BERT (uncased strips the accent either way).
+  WordPiece with "##"; a word over max_input_chars_per_word characters is [UNK]). Text never
+  yields [CLS] [SEP] [MASK]: the text "[MASK]" is the pieces of "[", "mask", "]", as in Google's
+  BERT; add special ids yourself. Text that differs only by Unicode composition (NFC "é" vs
+  "e" + U+0301) gives different pieces when cased, as in Google's BERT (uncased strips the
+  accent either way).
 
   Args:
     vocab_file: path of a vocab.txt holding [PAD] (at line 1, id 0), [UNK], [CLS], [SEP] and
       [MASK], e.g. Google's (ids 0, 100, 101, 102, 103).
     lowercase: True for uncased models (lower-case and strip accents), False for cased ones
       (neither).
+    max_input_chars_per_word: the longest word (in characters, after normalization) split into
+      pieces; a longer one is [UNK]. Google's tokenization.py: 200; Hugging Face's: 100.
 
   Raises:
     UserError: the file is missing, empty, not UTF-8, repeats a piece or lacks a special piece.
   """
 
-  def __init__(self, vocab_file: str, *, lowercase: bool = True):
+  def __init__(self, vocab_file: str, *, lowercase: bool = True,
+               max_input_chars_per_word: int = GOOGLE_MAX_CHARS_PER_WORD):
     # pylint: disable=import-outside-toplevel
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import decoders, models, normalizers, pre_tokenizers
@@ -212,6 +237,7 @@ class WordPieceTokenizer(Tokenizer):
     vocab_file = os.fspath(vocab_file)
     self._tokens = _read_vocab(vocab_file)  # [vocab_size] pieces
     self.vocab_file, self.lowercase = vocab_file, bool(lowercase)
+    self.max_input_chars_per_word = int(max_input_chars_per_word)
     self.vocab_size = len(self._tokens)
     self._ids = {token: i for i, token in enumerate(self._tokens)}
     missing = [t for t in (PAD, UNK, CLS, SEP, MASK) if t not in self._ids]
@@ -224,7 +250,7 @@ class WordPieceTokenizer(Tokenizer):
     self.pad_id, self.unk_id = self._ids[PAD], self._ids[UNK]
     self.cls_id, self.sep_id, self.mask_id = self._ids[CLS], self._ids[SEP], self._ids[MASK]
     tok = HFTokenizer(models.WordPiece(self._ids, unk_token=UNK, continuing_subword_prefix="##",
-                                       max_input_chars_per_word=100))
+                                       max_input_chars_per_word=self.max_input_chars_per_word))
     tok.normalizer = normalizers.BertNormalizer(
         clean_text=True, handle_chinese_chars=True, strip_accents=self.lowercase,
         lowercase=self.lowercase)
@@ -271,7 +297,8 @@ class WordPieceTokenizer(Tokenizer):
     path = os.path.join(directory, VOCAB_FILE)
     _write_atomically(path, "".join(t + "\n" for t in self._tokens).encode("utf-8"))
     config = {"do_lower_case": self.lowercase, "strip_accents": None,
-              "tokenize_chinese_chars": True, "tokenizer_class": "BertTokenizer"}
+              "tokenize_chinese_chars": True, "tokenizer_class": "BertTokenizer",
+              "max_input_chars_per_word": self.max_input_chars_per_word}
     _write_atomically(os.path.join(directory, CONFIG_FILE),
                       (json.dumps(config, indent=2) + "\n").encode("utf-8"))
     return path
@@ -336,13 +363,13 @@ def _read_vocab(vocab_file: str) -> list[str]:
     text = data.decode("utf-8")
   except UnicodeDecodeError as e:
     line = data.count(b"\n", 0, e.start) + 1
-    raise UserError(f"{vocab_file} is not UTF-8 (line {line}); give a BERT vocab.txt, which is "
-                    "UTF-8, or convert it (iconv -t UTF-8).") from None
+    raise UnreadableVocabulary(vocab_file, f"is not UTF-8 (line {line})", "give a BERT vocab.txt, "
+                               "which is UTF-8, or convert it (iconv -t UTF-8).") from None
   tokens = [line.rstrip("\r") for line in text.split("\n")]  # not splitlines: no "\x85" splits
   if tokens and not tokens[-1]:
     tokens.pop()  # the newline ending the last line
   if not tokens:
-    raise UserError(f"{vocab_file} is empty; give a BERT vocab.txt (one piece a line).")
+    raise UnreadableVocabulary(vocab_file, "is empty", "give a BERT vocab.txt (one piece a line).")
   first = {}
   for i, token in enumerate(tokens):
     if token in first:
@@ -356,10 +383,11 @@ def load_tokenizer(path: str, *, lowercase: bool | None = None) -> Tokenizer:
   """The tokenizer at `path`, by what `path` is.
 
   - a .model file (or a directory holding vocab.model): `SentencePieceTokenizer`;
-  - a vocab.txt (any .txt file), or a directory holding vocab.txt: `WordPieceTokenizer`, cased
-    or uncased as `lowercase` says, else as do_lower_case in tokenizer_config.json beside it,
-    else as the vocabulary suggests (cased if over 1% of its pieces hold an upper-case letter;
-    Google's uncased vocab.txt holds none outside [PAD]-like special pieces).
+  - a vocab.txt (any .txt file), a directory holding vocab.txt, or a Hugging Face tokenizer.json
+    with vocab.txt beside it: `WordPieceTokenizer`, cased or uncased as `lowercase` says, else
+    as do_lower_case in tokenizer_config.json beside it, else as the vocabulary suggests (cased
+    if over 1% of its pieces hold an upper-case letter; Google's uncased vocab.txt holds none
+    outside [PAD]-like special pieces). Its longest word is `max_chars_per_word`'s.
 
   Args:
     path: file or directory, as above.
@@ -383,6 +411,12 @@ def load_tokenizer(path: str, *, lowercase: bool | None = None) -> Tokenizer:
   elif not os.path.exists(path):
     raise UserError(f"tokenizer {path} does not exist; give a {VOCAB_FILE} (WordPiece), a .model "
                     "file (sentencepiece) or a directory holding one.")
+  elif os.path.basename(path) == HF_TOKENIZER_FILE:
+    path = os.path.join(os.path.dirname(path), VOCAB_FILE)
+    if not os.path.isfile(path):
+      raise UserError(f"no {VOCAB_FILE} beside {HF_TOKENIZER_FILE} in {os.path.dirname(path)}; "
+                      f"bertjax reads WordPiece pieces from {VOCAB_FILE}: save it there (a Hugging "
+                      "Face tokenizer's save_pretrained writes both).")
   if path.endswith(".model"):
     return SentencePieceTokenizer(path)
   if not path.endswith(".txt"):
@@ -390,28 +424,67 @@ def load_tokenizer(path: str, *, lowercase: bool | None = None) -> Tokenizer:
                     ".model file (sentencepiece) or a directory holding one.")
   if lowercase is None:
     lowercase = _do_lower_case(os.path.join(os.path.dirname(path), CONFIG_FILE))
-  tok = WordPieceTokenizer(path, lowercase=True if lowercase is None else lowercase)
+  max_chars = max_chars_per_word(os.path.dirname(path))
+  tok = WordPieceTokenizer(path, lowercase=True if lowercase is None else lowercase,
+                           max_input_chars_per_word=max_chars)
   if lowercase is None:  # no word from the user or a config: guess from the pieces
     pieces = map(tok.id_to_token, range(tok.vocab_size))
     upper = sum(t != t.lower() for t in pieces if not t.startswith("["))
     if upper > 0.01 * tok.vocab_size:
-      tok = WordPieceTokenizer(path, lowercase=False)
+      tok = WordPieceTokenizer(path, lowercase=False, max_input_chars_per_word=max_chars)
   return tok
+
+
+def max_chars_per_word(directory: str) -> int:
+  """The longest word the WordPiece vocab.txt in `directory` splits into pieces, by its origin.
+
+  A Hugging Face tokenizer.json beside it: its model.max_input_chars_per_word (100 in
+  transformers). Else max_input_chars_per_word in tokenizer_config.json (`WordPieceTokenizer.save`
+  writes it). Else, a bare vocab.txt as in Google's releases: 200, Google's tokenization.py.
+  """
+  hf_file = os.path.join(directory, HF_TOKENIZER_FILE)
+  if os.path.isfile(hf_file):
+    model = _json_object(hf_file).get("model")
+    if not isinstance(model, dict) or model.get("type") != "WordPiece":
+      kind = model.get("type") if isinstance(model, dict) else None
+      raise UserError(f"{hf_file} is not a WordPiece tokenizer (its model is {kind!r}), so it "
+                      f"does not go with {VOCAB_FILE} beside it; remove it from {directory}.")
+    return _positive_int(hf_file, "model.max_input_chars_per_word",
+                         model.get("max_input_chars_per_word", 100))
+  config_file = os.path.join(directory, CONFIG_FILE)
+  config = _json_object(config_file) if os.path.isfile(config_file) else {}
+  if "max_input_chars_per_word" in config:
+    return _positive_int(config_file, "max_input_chars_per_word",
+                         config["max_input_chars_per_word"])
+  return GOOGLE_MAX_CHARS_PER_WORD
+
+
+def _positive_int(path: str, key: str, value) -> int:
+  """`value` of `key` in the file `path`, checked to be a positive integer (UserError if not)."""
+  if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    raise UserError(f"{path} has {key}={value!r}; it must be a positive number of characters "
+                    f"(Hugging Face's is 100, Google's {GOOGLE_MAX_CHARS_PER_WORD}).")
+  return value
+
+
+def _json_object(path: str) -> dict:
+  """The JSON object in the file `path` (a tokenizer's settings); UserError if it is not one."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      value = json.load(f)
+  except (ValueError, UnicodeDecodeError) as e:
+    raise UserError(f"{path} is not valid JSON ({e}); fix it or delete it.") from None
+  if not isinstance(value, dict):
+    raise UserError(f"{path} is not a JSON object; fix it or delete it (a {CONFIG_FILE} may be "
+                    "{\"do_lower_case\": true} for an uncased vocabulary, false for a cased one).")
+  return value
 
 
 def _do_lower_case(config_file: str) -> bool | None:
   """do_lower_case of a tokenizer_config.json (None without the file or the key)."""
   if not os.path.isfile(config_file):
     return None
-  try:
-    with open(config_file, encoding="utf-8") as f:
-      config = json.load(f)
-  except (ValueError, UnicodeDecodeError) as e:
-    raise UserError(f"{config_file} is not valid JSON ({e}); fix it or delete it (then "
-                    "pass lowercase= to load_tokenizer).") from None
-  if not isinstance(config, dict):
-    raise UserError(f"{config_file} is not a JSON object; write {{\"do_lower_case\": true}} "
-                    "(uncased) or false (cased).")
+  config = _json_object(config_file)
   value = config.get("do_lower_case")
   if value is not None and not isinstance(value, bool):
     raise UserError(f"{config_file} has do_lower_case={value!r}; it must be true (uncased) or "

@@ -34,7 +34,7 @@ SAMPLES = [
     "Wait!!!...? (yes)--no; \"quoted\" 'single' [bracketed] {braces} a/b\\c @#$%^&*~`|",
     "ctrl\x00chars\tand\u200bzero\x07width\ufffdhere\r\nnext\x0bline\x1f \x85 \u2028 \u00a0nbsp",
     "emoji 😀 here👍🏽 and ❤️ flags 🇫🇷",
-    "x" * 101, "y" * 100, "z" * 250 + " short", "é" * 101,
+    "x" * 101, "y" * 100, "x" * 200, "y" * 201, "z" * 250 + " short", "é" * 101, "é" * 201,
     "Elizabeth BENNET and Mr. Darcy of PEMBERLEY; eLiZaBeTh",
     "3.14159 1,000,000 2024-11-23 12:30 4th 1st #42 007",
     "", "   \t\n ", "İstanbul ǅ ﬁne Ⅻ ß ẞ", "Ich heiße Maß; Straße",
@@ -73,11 +73,12 @@ def tok(vocab_file, lowercase):
 
 
 def reference_ids(vocab_file, lowercase, text):
-  """Google's rules in pure Python (no special tokens matched in the text)."""
+  """Google's rules in pure Python (no special tokens matched in the text); words of up to 200
+  characters, as google-research/bert tokenization.py's WordpieceTokenizer."""
   vocab = legacy.load_vocab(vocab_file)
   basic = legacy.BasicTokenizer(do_lower_case=lowercase, tokenize_chinese_chars=True,
                                 strip_accents=None)
-  wordpiece = legacy.WordpieceTokenizer(vocab, unk_token="[UNK]", max_input_chars_per_word=100)
+  wordpiece = legacy.WordpieceTokenizer(vocab, unk_token="[UNK]", max_input_chars_per_word=200)
   return [vocab[p] for word in basic.tokenize(text) for p in wordpiece.tokenize(word)]
 
 
@@ -89,6 +90,7 @@ def austen_paragraphs():
 
 def test_matches_reference(vocab_file, lowercase, tok):
   hf = transformers.BertTokenizer(vocab_file, do_lower_case=lowercase, split_special_tokens=True)
+  hf.backend_tokenizer.model.max_input_chars_per_word = 200  # a bare vocab.txt: Google's rules
   texts = SAMPLES + austen_paragraphs()
   if lowercase:  # NFD input: see test_no_unicode_composition for the cased case
     texts += ["cafe\u0301 Cafe\u0301 A\u030angstro\u0308m"]
@@ -114,7 +116,7 @@ def test_case_and_accents(tok, lowercase):
     assert pieces("Café") != pieces("cafe")
     assert pieces("Elizabeth")[0][0] == "E"
   assert pieces("中文") == ["中", "文"]  # each CJK character is a word
-  assert pieces("x" * 100) != ["[UNK]"] and pieces("x" * 101) == ["[UNK]"]
+  assert pieces("x" * 200) != ["[UNK]"] and pieces("x" * 201) == ["[UNK]"]  # Google's 200
   assert pieces("a\x00b") == pieces("ab") and pieces("a\tb") == pieces("a b")
 
 
