@@ -3,8 +3,10 @@
 Text (the bundled corpus, the user's files or a TFDS dataset) is prepared once by
 `bertjax.data.prepare` into shards: a vocabulary, tokenized documents split into training and
 held-out ones, NSP pairs per sequence length. A run takes `data.prepared` (a directory made by
-that command) or prepares its text into WORKDIR/data on first use and reuses it after. Batches
-stream from the shards (`bertjax.data.loader`) into `BertForPreTraining` and the trainer.
+that command) or prepares its text into WORKDIR/data on first use and reuses it after. The
+vocabulary is `data.vocab_model`, else `init_checkpoint`'s (continued pretraining keeps the
+vocabulary its embeddings were trained with), else one trained on the text. Batches stream
+from the shards (`bertjax.data.loader`) into `BertForPreTraining` and the trainer.
 
 Sequence-length phases: as in the paper, a run can train the first steps at
 `data.max_seq_length` (128) and the rest at `data.long_seq_length` (512), from step
@@ -17,6 +19,7 @@ from __future__ import annotations
 import os
 from typing import Any, Iterator
 
+from absl import logging
 import jax
 from jax.experimental import multihost_utils
 import jax.numpy as jnp
@@ -24,7 +27,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from bertjax import model_files, tokenization, train
+from bertjax import checkpoint, model_files, tokenization, train
 from bertjax.data import loader, prepare, sources
 from bertjax.data import pretraining_examples as pe
 from bertjax.errors import UserError
@@ -88,6 +91,63 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> bert.Ber
 # Prepared data.
 
 
+def checkpoint_vocabulary(config: ml_collections.ConfigDict) -> str:
+  """The vocabulary file (vocab.model or vocab.txt) of init_checkpoint's model directory, the
+  one its embeddings were trained with; "" without an init_checkpoint, or without such a file
+  when data.vocab_model is given.
+
+  Raises:
+    UserError: no such file and no data.vocab_model: embeddings without their vocabulary mean
+      nothing.
+  """
+  if not config.init_checkpoint:
+    return ""
+  try:
+    directory = model_files.find_model_dir(config.init_checkpoint)
+  except UserError:  # no bert_config.json: look beside the checkpoint itself
+    directory = os.path.abspath(config.init_checkpoint)
+  for name in (tokenization.MODEL_FILE, tokenization.VOCAB_FILE):
+    if os.path.isfile(os.path.join(directory, name)):
+      return os.path.join(directory, name)
+  if config.data.vocab_model:
+    return ""
+  raise UserError(f"init_checkpoint {config.init_checkpoint} has no vocabulary: no "
+                  f"{tokenization.MODEL_FILE} or {tokenization.VOCAB_FILE} in {directory}, and its "
+                  "embeddings mean nothing without the vocabulary they were trained with; pass "
+                  "that vocabulary as --config.data.vocab_model=FILE.")
+
+
+def vocabulary(config: ml_collections.ConfigDict) -> str:
+  """The vocabulary file the text is prepared with: data.vocab_model, else init_checkpoint's,
+  else "" (a sentencepiece model is trained on the text)."""
+  return config.data.vocab_model or checkpoint_vocabulary(config)
+
+
+def check_vocabulary(config: ml_collections.ConfigDict) -> None:
+  """Before anything is written: UserError if init_checkpoint is missing, has no vocabulary
+  (and data.vocab_model is not given), or data.vocab_model has another size than its
+  vocabulary; a warning if data.vocab_model is another vocabulary of the same size (each row of
+  the embeddings then stands for another piece)."""
+  if not config.init_checkpoint:
+    return
+  checkpoint.find_step_dir(config.init_checkpoint)  # a missing or empty path, named now
+  given, theirs = config.data.vocab_model, checkpoint_vocabulary(config)
+  if not given or not theirs:
+    return
+  mine, its = tokenization.load_tokenizer(given), tokenization.load_tokenizer(theirs)
+  if mine.vocab_size != its.vocab_size:
+    raise UserError(f"data.vocab_model={given} has {mine.vocab_size} pieces, but the embeddings "
+                    f"of init_checkpoint are rows of its vocabulary {theirs}, {its.vocab_size} "
+                    f"pieces; drop data.vocab_model to continue with {theirs}, or drop "
+                    "init_checkpoint to pretrain from scratch on the other vocabulary.")
+  if prepare.vocab_sha256(mine) != prepare.vocab_sha256(its):
+    logging.warning(
+        "data.vocab_model=%s is another vocabulary than %s, the one init_checkpoint's "
+        "embeddings were trained with (both %d pieces): each embedding row now stands for "
+        "another piece. Continuing as asked; drop data.vocab_model to keep %s.",
+        given, theirs, its.vocab_size, theirs)
+
+
 def prepare_options(config: ml_collections.ConfigDict) -> prepare.Options:
   """The bertjax.data.prepare flags of the text a config names (default: the bundled corpus)."""
   data = config.data
@@ -98,7 +158,7 @@ def prepare_options(config: ml_collections.ConfigDict) -> prepare.Options:
   if data.tfds_name:
     source = f"tfds:{data.tfds_name}:{data.tfds_split}"
   return prepare.Options(
-      input=source, vocab=data.vocab_model, vocab_size=data.vocab_size,
+      input=source, vocab=vocabulary(config), vocab_size=data.vocab_size,
       max_seq_length=tuple(lengths), max_predictions_per_seq=tuple(predictions),
       dupe_factor=data.dupe_factor, short_seq_prob=data.short_seq_prob,
       eval_fraction=data.eval_fraction, static_masks=not data.dynamic_masking,
@@ -124,16 +184,47 @@ def prepared_data(config: ml_collections.ConfigDict, workdir: str) -> loader.Pre
   return loader.PreparedData(directory)
 
 
+def data_tokenizer(data: loader.PreparedData, workdir: str) -> tokenization.Tokenizer:
+  """The tokenizer of prepared data; UserError naming the fix for its own copy of the vocabulary
+  if that file is damaged (empty or corrupt): the workdir's copy, or preparing the text again."""
+  try:
+    return data.tokenizer()
+  except tokenization.UnreadableVocabulary as e:
+    copy = os.path.join(workdir, os.path.basename(e.path))
+    restore = f"copy {copy} (the run's copy of it) over it, or " if _same_vocabulary(
+        copy, data.info["vocab"]["sha256"]) else ""
+    again = ("and rerun: the text is prepared again" if data.directory == os.path.join(
+        workdir, DATA_DIR) else "and prepare the text again (python -m bertjax.data.prepare)")
+    raise UserError(f"{e.path} {e.problem}; it is the vocabulary of the data prepared in "
+                    f"{data.directory}: {restore}delete {data.directory} {again}.") from None
+
+
+def _same_vocabulary(path: str, sha256: str) -> bool:
+  """Whether `path` is a readable vocabulary file with this vocab_sha256."""
+  if not os.path.isfile(path):
+    return False
+  try:
+    return prepare.vocab_sha256(tokenization.load_tokenizer(path)) == sha256
+  except UserError:
+    return False
+
+
 def check_prepared(data: loader.PreparedData, config: ml_collections.ConfigDict) -> None:
   """UserError, before any step, if prepared data cannot serve the run: another vocabulary,
   no pairs at a sequence length a phase needs, or stored masks of another kind."""
-  given = config.data.vocab_model
+  given = vocabulary(config)
   if given:
     given_tok = tokenization.load_tokenizer(given)
     if prepare.vocab_sha256(given_tok) != data.info["vocab"]["sha256"]:
-      raise UserError(f"{data.directory} was prepared with another vocabulary than "
-                      f"data.vocab_model={given}; drop data.vocab_model (the data's own, "
-                      f"{data.info['vocab']['file']}, is used) or prepare the text again with it.")
+      if config.data.vocab_model:
+        raise UserError(f"{data.directory} was prepared with another vocabulary than "
+                        f"data.vocab_model={given}; drop data.vocab_model (the data's own, "
+                        f"{data.info['vocab']['file']}, is used) or prepare the text again with "
+                        "it.")
+      raise UserError(f"{data.directory} was prepared with another vocabulary than {given}, the "
+                      "one init_checkpoint's embeddings were trained with; prepare the text "
+                      f"again with it (--vocab={given}), or set data.vocab_model to the data's "
+                      "own to use it anyway.")
   for length, field in ((config.data.max_seq_length, "max_seq_length"),
                         (config.data.long_seq_length, "long_seq_length")):
     if length and length not in data.lengths:
@@ -221,9 +312,10 @@ class _Phases:
 def make_task(config: ml_collections.ConfigDict, workdir: str) -> train.Task:
   """Prepares the text if needed (WORKDIR/data) and builds the pretraining Task."""
   check_config(config)
+  check_vocabulary(config)
   data, tr = config.data, config.train
   prepared = prepared_data(config, workdir)
-  tok = prepared.tokenizer()
+  tok = data_tokenizer(prepared, workdir)
   check_prepared(prepared, config)
   special = pe.SpecialTokens.from_tokenizer(tok)
   word_tables = tok.word_boundary_tables() if data.whole_word_masking else None
@@ -250,8 +342,6 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> train.Task:
         f"({phases[0].num_examples() // tr.batch_size} steps per epoch), {num_eval} held-out "
         f"examples, vocabulary {tok.vocab_size}, frequency baseline token "
         f"{tok.id_to_token(baseline_token)!r}")
-  with open(os.path.join(prepared.directory, prepared.info["vocab"]["file"]), "rb") as f:
-    vocab = f.read()
   return train.Task(
       model=heads.BertForPreTraining(bert_config), terms=make_terms(baseline_token),
       batches=train.Batches(
@@ -259,7 +349,7 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> train.Task:
           eval=eval_batches.eval_batches if num_eval else None),
       score=score,
       files={model_files.BERT_CONFIG_FILE: model_files.bert_config_json(bert_config),
-             prepared.info["vocab"]["file"]: vocab})
+             **model_files.tokenizer_file_contents(prepared.directory)})  # the vocabulary
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:

@@ -1,0 +1,139 @@
+"""Faults of vocabularies: continued pretraining keeps init_checkpoint's vocabulary, an empty or
+corrupt vocab.model is one clear message, and WordPiece's longest word follows the vocabulary's
+origin (Google's 200 characters, a Hugging Face tokenizer.json's own)."""
+import shutil
+
+import numpy as np
+import pytest
+
+from bertjax import tokenization
+from bertjax.data import sources
+from test_pretraining import _assert_fails_cleanly, _flags, _run
+
+NUM_DOCUMENTS = 20  # chapters the runs train on
+VOCAB_SIZE = 400
+
+
+def _sentences(first, stop):
+  """The sentences of chapters [first, stop) of the bundled corpus."""
+  return [s for doc in sources.read_text_files(sources.BUNDLED_CORPUS)[first:stop] for s in doc]
+
+
+def _text_file(path, first, stop):
+  """Chapters [first, stop) of the bundled corpus written to `path`; returns its path."""
+  documents = sources.read_text_files(sources.BUNDLED_CORPUS)[first:stop]
+  path.write_text("\n\n".join("\n".join(doc) for doc in documents) + "\n")
+  return str(path)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+  """(text file of NUM_DOCUMENTS chapters, "": no vocabulary given, one is trained on them)."""
+  return _text_file(tmp_path_factory.mktemp("corpus") / "chapters.txt", 0, NUM_DOCUMENTS), ""
+
+
+def _run_flags(corpus, *overrides):
+  """Flags of a 2-step tiny run at 32 tokens that trains its vocabulary (no data.vocab_model)."""
+  return [f for f in _flags(corpus, "--config.train.num_train_steps=2",
+                            "--config.data.dupe_factor=1", "--config.train.eval_steps=1",
+                            f"--config.data.vocab_size={VOCAB_SIZE}", *overrides)
+          if f != "--config.data.vocab_model="]
+
+
+@pytest.fixture(scope="module")
+def first(corpus, tmp_path_factory):
+  """A finished first run's workdir: WORKDIR/data/vocab.model trained on the text."""
+  workdir = tmp_path_factory.mktemp("first") / "run"
+  out = _run(workdir, _run_flags(corpus))
+  assert out.returncode == 0, out.stderr[-3000:]
+  return workdir
+
+
+def _other_vocabulary(directory, size):
+  """A sentencepiece model of `size` pieces trained on other chapters than the runs'."""
+  tok = tokenization.load_or_train_sentencepiece(
+      lambda: _sentences(100, 100 + NUM_DOCUMENTS), str(directory / f"other{size}.model"), size)
+  assert tok.vocab_size == size
+  return tok.model_file
+
+
+def test_continued_pretraining_keeps_the_checkpoints_vocabulary(corpus, first, tmp_path):
+  """Continued on new text (the next chapters), whose own vocabulary would differ."""
+  new_text = _text_file(tmp_path / "next.txt", NUM_DOCUMENTS, 2 * NUM_DOCUMENTS)
+  second = tmp_path / "second"
+  out = _run(second, _run_flags(corpus, f"--config.data.input_files={new_text}",
+                                f"--config.init_checkpoint={first}"))
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "init_checkpoint: " in out.stdout
+  first_vocab = (first / "data" / "vocab.model").read_bytes()
+  assert (second / "data" / "vocab.model").read_bytes() == first_vocab
+  assert (second / "vocab.model").read_bytes() == first_vocab
+
+  # Another vocabulary of the same size, given on purpose: a warning naming both files.
+  same_size = _other_vocabulary(tmp_path, VOCAB_SIZE)
+  out = _run(tmp_path / "same_size", _run_flags(corpus, f"--config.init_checkpoint={first}",
+                                                f"--config.data.vocab_model={same_size}"))
+  assert out.returncode == 0, out.stderr[-3000:]
+  warning = next(line for line in out.stderr.splitlines() if "another vocabulary" in line)
+  assert same_size in warning and str(first / "vocab.model") in warning
+
+  # Another size: refused, naming both files and sizes, the workdir unchanged.
+  other_size = _other_vocabulary(tmp_path, VOCAB_SIZE - 100)
+  _assert_fails_cleanly(tmp_path / "other_size",
+                        _run_flags(corpus, f"--config.init_checkpoint={first}",
+                                   f"--config.data.vocab_model={other_size}"),
+                        f"{other_size} has {VOCAB_SIZE - 100} pieces",
+                        f"{first / 'vocab.model'}, {VOCAB_SIZE} pieces")
+
+  # A checkpoint without its vocabulary: refused, asking for data.vocab_model.
+  bare = tmp_path / "bare"
+  shutil.copytree(first, bare, ignore=shutil.ignore_patterns("vocab.model", "data"))
+  _assert_fails_cleanly(tmp_path / "from_bare",
+                        _run_flags(corpus, f"--config.init_checkpoint={bare}"),
+                        f"init_checkpoint {bare} has no vocabulary", "--config.data.vocab_model=")
+
+
+@pytest.mark.parametrize("kind", ["empty", "corrupt"])
+def test_an_empty_or_corrupt_vocab_model_is_one_message(corpus, first, tmp_path, kind):
+  data = b"" if kind == "empty" else np.random.default_rng(0).bytes(2000)
+  problem = "is empty (0 bytes)" if kind == "empty" else "is not a sentencepiece model"
+  given = tmp_path / "vocab.model"
+  given.write_bytes(data)
+  _assert_fails_cleanly(tmp_path / "given",
+                        _run_flags(corpus, f"--config.data.vocab_model={given}"),
+                        f"{given} {problem}", "give a .model file written by sentencepiece")
+
+  # Found in WORKDIR/data of a workdir that has run: the fix is the run's copy, or preparing again.
+  workdir = tmp_path / "workdir"
+  shutil.copytree(first, workdir)
+  (workdir / "data" / "vocab.model").write_bytes(data)
+  _assert_fails_cleanly(workdir, _run_flags(corpus),
+                        f"{workdir / 'data' / 'vocab.model'} {problem}",
+                        f"copy {workdir / 'vocab.model'}", f"delete {workdir / 'data'} and rerun")
+
+
+def test_wordpiece_longest_word_follows_the_vocabularys_origin(tmp_path):
+  import transformers  # pylint: disable=import-outside-toplevel
+  head = (["[PAD]"] + [f"[unused{i}]" for i in range(99)] + ["[UNK]", "[CLS]", "[SEP]", "[MASK]"])
+  google = tmp_path / "google"
+  google.mkdir()
+  (google / "vocab.txt").write_text("".join(p + "\n" for p in head + ["ab", "##ab"]))
+  word = "ab" * 75  # 150 characters, spelled by the pieces
+  pieces = [104] + [105] * 74
+
+  bare = tokenization.load_tokenizer(str(google))  # Google's release: tokenization.py's 200
+  assert bare.max_input_chars_per_word == 200 and bare.encode(word) == pieces
+  assert bare.encode("ab" * 101) == [bare.unk_id]
+
+  hf_dir = tmp_path / "hf"  # Hugging Face's files, as on the Hub: tokenizer.json says 100
+  transformers.BertTokenizer(str(google / "vocab.txt")).save_pretrained(str(hf_dir))
+  shutil.copy(google / "vocab.txt", hf_dir / "vocab.txt")  # transformers 5 saves no vocab.txt
+  for path in (hf_dir, hf_dir / "vocab.txt", hf_dir / "tokenizer.json"):
+    hf = tokenization.load_tokenizer(str(path))
+    assert hf.max_input_chars_per_word == 100 and hf.encode(word) == [hf.unk_id], path
+    assert hf.encode("ab" * 50) == [104] + [105] * 49
+
+  for tok, expected in ((bare, pieces), (hf, [hf.unk_id])):  # save() keeps it
+    saved = tmp_path / f"saved{tok.max_input_chars_per_word}"
+    tok.save(str(saved))
+    assert tokenization.load_tokenizer(str(saved)).encode(word) == expected
