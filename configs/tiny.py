@@ -41,7 +41,8 @@ def get_config(arg=None):
   # ("" = the text above is prepared into WORKDIR/data on first use and reused after)
   config.data.prepare_workers = 0  # processes that prepare WORKDIR/data (0 = every core)
   config.data.loader_threads = 2  # threads that read and mask batches ahead of the step
-  config.data.vocab_model = ""  # sentencepiece .model or WordPiece vocab.txt ("" = train one)
+  config.data.vocab_model = ""  # sentencepiece .model or WordPiece vocab.txt ("" = the
+  # init_checkpoint's, else one trained on the training documents)
   config.data.vocab_size = 8000  # size of the sentencepiece vocabulary trained when none is given
   config.data.max_seq_length = 128  # tokens per example, [CLS] A [SEP] B [SEP] + padding
   config.data.max_predictions_per_seq = 20  # masked positions per example at most
