@@ -13,16 +13,39 @@ of arrays, as a linen model's "params" collection).
 Before anything is restored, every array's shape in the checkpoint is compared with what the
 caller expects; a checkpoint of a different model is a `UserError`, and nothing on disk is
 touched.
+
+Faults (each one line for the user, a `UserError` or a warning, instead of orbax's tracebacks):
+
+* A checkpoint that does not read back whole (a truncated or missing file, missing metadata):
+  `resume` warns, moves it aside as `<step>.corrupt-<time>` (outside orbax's step listing, kept
+  for inspection) and resumes from the newest one that reads; if none does, it refuses and
+  names them, changing nothing. Every host reads and all agree before process 0 renames.
+* A full disk while saving (in `save`, or in the background write that the next `save`, `wait`
+  or `close` waits for): the partial `<step>.orbax-checkpoint-tmp` directory is removed, the
+  earlier checkpoints stay (orbax rotates old ones out only after a save has finished), and a
+  `UserError` says which disk is full and what to free.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+import errno
+import gc
+import json
+import logging
+import os
+import re
+import shutil
+import sys
+import threading
+import time
+from typing import Any, Iterator, Sequence
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 from flax import traverse_util
+from jax.experimental import multihost_utils
 
 from bertjax.errors import UserError
 
@@ -86,6 +109,125 @@ def _with_sharding(abstract: Any) -> Any:
       else jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), abstract)
 
 
+# A full disk, as the OS (OSError) or tensorstore ("... [os_error_code='28']") words it.
+_DISK_FULL = re.compile(r"No space left on device|Disk quota exceeded|os_error_code='(28|122)'")
+# tensorstore's words for files that are missing, truncated or garbled (not for a network or
+# memory failure, which must not get a good checkpoint moved aside).
+_DAMAGED = re.compile(r"\b(OUT_OF_RANGE|DATA_LOSS|NOT_FOUND|FAILED_PRECONDITION)\b")
+_TEMPORARY = ".orbax-checkpoint-tmp"  # orbax writes STEP.orbax-checkpoint-tmp*, then renames it
+_reading = threading.Event()  # set while a checkpoint is read (it may be damaged)
+
+
+def _chain(error: BaseException | None) -> Iterator[BaseException]:
+  """`error` and the exceptions it was raised from or during, outermost first."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    yield error
+    error = error.__cause__ or error.__context__
+
+
+def is_disk_full(error: BaseException) -> bool:
+  """Whether `error` (or one it came from) is a write to a full disk or past a quota."""
+  return any((isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT))
+             or _DISK_FULL.search(str(e)) for e in _chain(error))
+
+
+def _is_damaged(error: BaseException) -> bool:
+  """Whether `error`, raised while reading a checkpoint, says that its files are missing,
+  truncated or garbled."""
+  errors = list(_chain(error))
+  if any(isinstance(e, MemoryError) or "RESOURCE_EXHAUSTED" in str(e) for e in errors):
+    return False
+  return any(isinstance(e, (FileNotFoundError, json.JSONDecodeError)) or _DAMAGED.search(str(e))
+             for e in errors)
+
+
+def _reason(error: BaseException) -> str:
+  """The first line of the innermost cause of `error`, for a one-line message."""
+  root = list(_chain(error))[-1]
+  line = (str(root).strip().splitlines() or [type(root).__name__])[0].rstrip(".")
+  return line if len(line) <= 300 else line[:297] + "..."
+
+
+def _is_noise(text: str) -> bool:
+  """Whether a log line, stray traceback or unraisable exception of orbax / tensorstore / asyncio
+  repeats a failure that bertjax reports as one message of its own: a write to a full disk, or a
+  read of a damaged checkpoint (`restore`, `resume`)."""
+  if _DISK_FULL.search(text) or "Encountered error while reading" in text:
+    return True
+  return bool(_DAMAGED.search(text)) and (_reading.is_set()
+                                          or "exception was never retrieved" in text)
+
+
+class _NoiseFilter(logging.Filter):
+  """Drops the log records (absl's, asyncio's) that `_is_noise`: orbax's threads log each failed
+  write or read of one failure with a traceback, hundreds of lines for one full disk."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    text = record.getMessage()
+    if record.exc_info and record.exc_info[1] is not None:
+      text += " " + " ".join(str(e) for e in _chain(record.exc_info[1]))
+    return not _is_noise(text)
+
+
+_quiet_installed = False
+
+
+def _install_quiet_failures() -> None:
+  """Once per process: keeps the echoes of a failure that bertjax reports itself (a full disk, a
+  damaged checkpoint) off stderr. These are orbax's and asyncio's log records about it, the
+  exceptions its unawaited reads leave behind ("Exception ignored in <coroutine ...>"), and the
+  "Event loop is closed" tracebacks that tensorstore's threads report (as unraisable) when a
+  callback reaches the event loop that orbax closed after the failure. Anything else passes."""
+  global _quiet_installed
+  if _quiet_installed:
+    return
+  _quiet_installed = True
+  for name in ("absl", "asyncio"):
+    logging.getLogger(name).addFilter(_NoiseFilter())
+  previous = sys.unraisablehook
+
+  def unraisablehook(unraisable):
+    value = unraisable.exc_value
+    loop_closed = isinstance(value, RuntimeError) and str(value) == "Event loop is closed"
+    if not (loop_closed or (value is not None
+                            and _is_noise(" ".join(str(e) for e in _chain(value))))):
+      previous(unraisable)
+
+  sys.unraisablehook = unraisablehook
+
+
+def _on_every_host(ok: bool) -> bool:
+  """Whether `ok` holds on every process (a collective: all processes must call it)."""
+  if jax.process_count() == 1:
+    return ok
+  return bool(np.all(multihost_utils.process_allgather(np.asarray(ok, np.int32))))
+
+
+def _barrier(name: str) -> None:
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices(name)
+
+
+def _remove_partial(path: epath.Path, settle_seconds: float = 0.5, timeout: float = 60) -> bool:
+  """Removes `path`, the directory of a failed save, whose other writes may still be ending in
+  orbax's and tensorstore's threads (they go on after the first one fails, and may recreate
+  it): again until it stays gone for `settle_seconds`. Returns whether it is gone."""
+  deadline = time.monotonic() + timeout
+  while path.exists() and time.monotonic() < deadline:
+    try:
+      path.rmtree()
+    except OSError:
+      pass  # a file written meanwhile: try again
+    time.sleep(settle_seconds)
+  return not path.exists()
+
+
+def _megabytes(nbytes: float) -> str:
+  return f"{nbytes / 1e6:.1f} MB"
+
+
 class _Manager(ocp.CheckpointManager):
   """orbax's CheckpointManager without its own preemption checks.
 
@@ -106,13 +248,14 @@ class Checkpoints:
   """The checkpoints of one run: train state + data position per step, the last `keep` kept.
 
   Saving is asynchronous (the arrays are copied to host memory, then written in the background
-  while training goes on); `wait()` blocks until written and `close()` waits too. Every process
-  of a multi-host job must make the same calls.
+  while training goes on); `wait()` blocks until written and `close()` waits too. A background
+  write that failed raises in the next `save` that writes, in `wait` or in `close` (a full disk
+  as a UserError). Every process of a multi-host job must make the same calls.
 
   Usage:
     checkpoints = Checkpoints(workdir / "checkpoints", save_every_steps=1000, keep=3)
     if checkpoints.latest_step() is not None:
-      state, position = checkpoints.restore(abstract_state)
+      state, position = checkpoints.resume(abstract_state)  # the newest that reads back whole
     ...
     checkpoints.save(step, state, position)               # saves when step % 1000 == 0
     checkpoints.save(step, state, position, force=True)   # the end of the run, preemption
@@ -136,6 +279,11 @@ class Checkpoints:
       raise UserError(f"keep_checkpoints={keep} must be at least 1; set "
                       "--config.train.keep_checkpoints.")
     self.directory = epath.Path(directory)
+    self._save_every_steps = save_every_steps
+    self._async = async_save
+    self._writing: tuple[int, int] | None = None  # (step, bytes) of a save not yet waited for
+    self._closed = False
+    _install_quiet_failures()
     # Save at multiples of save_every_steps; unlike orbax's default, not also at the first step
     # seen. A preemption is a forced save at the step bertjax.preemption agreed on.
     options = ocp.CheckpointManagerOptions(
@@ -151,6 +299,10 @@ class Checkpoints:
     """Every kept step, oldest first."""
     return sorted(self._manager.all_steps())
 
+  def due(self, step: int, *, force: bool = False) -> bool:
+    """Whether `save(step, ..., force=force)` would write a checkpoint."""
+    return (force or step % self._save_every_steps == 0) and step not in self._manager.all_steps()
+
   def save(self, step: int, state: Any, data_position: Any, *, force: bool = False) -> bool:
     """Saves `state` and `data_position` as `step` when due (or when `force`).
 
@@ -162,21 +314,87 @@ class Checkpoints:
         preemption). A step that is already saved is never overwritten.
     Returns:
       whether a save was started.
+    Raises:
+      UserError: the disk is full (this save, or the previous one, written in the background);
+        the partial directory is removed, the earlier checkpoints are kept.
     """
-    if step in self._manager.all_steps():
+    if not self.due(step, force=force):
       return False
-    return self._manager.save(
-        step, force=force,
-        args=ocp.args.Composite(**{
-            STATE_ITEM: ocp.args.StandardSave(state),
-            DATA_ITEM: ocp.args.JsonSave({"data_position": data_position})}))
+    self._finish_writing()
+    nbytes = sum(int(getattr(x, "nbytes", 0)) for x in jax.tree.leaves(state))
+    try:
+      started = self._manager.save(
+          step, force=True,
+          args=ocp.args.Composite(**{
+              STATE_ITEM: ocp.args.StandardSave(state),
+              DATA_ITEM: ocp.args.JsonSave({"data_position": data_position})}))
+    except Exception as e:  # pylint: disable=broad-except
+      if not is_disk_full(e):
+        raise
+      raise UserError(self._disk_full(step, nbytes, e)) from e
+    if started and self._async:
+      self._writing = (step, nbytes)
+    return started
+
+  def _finish_writing(self) -> None:
+    """Waits for the save written in the background, if any; on every host, so that all raise
+    if one host's write failed."""
+    if self._writing is None:
+      return
+    (step, nbytes), self._writing = self._writing, None
+    error = None
+    try:
+      self._manager.wait_until_finished()
+    except Exception as e:  # pylint: disable=broad-except
+      error = e
+    if _on_every_host(error is None):
+      return
+    message = self._disk_full(step, nbytes, error)
+    if error is not None and not is_disk_full(error):
+      raise error
+    raise UserError(message) from error
+
+  def _disk_full(self, step: int, nbytes: int, error: BaseException | None) -> str:
+    """Removes the partial save of `step` (process 0; every host waits for it) and returns the
+    message of a full disk (`error`: this host's, None if the write failed on another host)."""
+    removed = []
+    if jax.process_index() == 0:
+      for partial in self.directory.glob(f"*{_TEMPORARY}*"):
+        gone = _remove_partial(partial)
+        removed.append(partial.name if gone else f"{partial.name} (not yet: remove it by hand)")
+    _barrier("bertjax:checkpoint_disk_full")
+    self._manager.reload()
+    kept = self.all_steps()
+    free = ""
+    if os.path.isdir(str(self.directory)):  # a local disk (not gs://)
+      free = f"; {_megabytes(shutil.disk_usage(str(self.directory)).free)} free there"
+    cause = "on another host" if error is None else _reason(error)
+    if error is not None and is_disk_full(error):
+      quota = any("quota" in str(e) or getattr(e, "errno", 0) == errno.EDQUOT or "'122'" in str(e)
+                  for e in _chain(error))
+      cause = "Disk quota exceeded" if quota else "No space left on device"
+    resume = (f"it resumes from step {kept[-1]}" if kept else "with no earlier checkpoint, it "
+              "starts over")
+    return (
+        f"the disk holding {self.directory} is full ({cause}): the checkpoint of step {step} "
+        f"(up to {_megabytes(nbytes)}{free}) could not be written. Removed its partial directory "
+        f"{', '.join(removed) or '(none left)'}; the checkpoints kept (steps "
+        f"{', '.join(map(str, kept)) or 'none'}) are intact. Free at least {_megabytes(nbytes)} "
+        "on that disk (other runs' workdirs or checkpoints, for instance) or lower "
+        f"--config.train.keep_checkpoints, then rerun the same command: {resume}.")
+
+  def _step_dir(self, step: int) -> epath.Path:
+    return self.directory / str(step)  # orbax's standard step names: the number alone
 
   def check_compatible(self, abstract_state: Any, step: int) -> None:
     """Raises UserError unless the saved state at `step` has exactly the keys and shapes of
-    `abstract_state`. Reads only metadata."""
-    saved = self._manager.item_metadata(step)[STATE_ITEM]
-    diffs = shape_differences(flat_shapes(getattr(saved, "tree", saved)),
-                              flat_shapes(abstract_state))
+    `abstract_state`. Reads only metadata (missing or unreadable metadata raises what orbax
+    raises: FileNotFoundError, json.JSONDecodeError, ...)."""
+    saved = ocp.StandardCheckpointHandler().metadata(self._step_dir(step) / STATE_ITEM)
+    saved = getattr(saved, "tree", saved)
+    if not saved:
+      raise FileNotFoundError(f"no arrays named in {self._step_dir(step) / STATE_ITEM}/_METADATA")
+    diffs = shape_differences(flat_shapes(saved), flat_shapes(abstract_state))
     if diffs:
       raise UserError(
           f"the checkpoint at step {step} in {self.directory} does not match the model "
@@ -193,7 +411,8 @@ class Checkpoints:
     Returns:
       (state: pytree of jax.Array like `abstract_state`, data_position as saved).
     Raises:
-      UserError: no such checkpoint, or one whose keys or shapes differ from `abstract_state`.
+      UserError: no such checkpoint, one whose keys or shapes differ from `abstract_state`, or
+        one that does not read back whole (`resume` skips those).
     """
     if step is None:
       step = self.latest_step()
@@ -203,21 +422,109 @@ class Checkpoints:
     elif step not in self._manager.all_steps():
       raise UserError(f"no checkpoint for step {step} in {self.directory}; it holds steps "
                       f"{self.all_steps()}.")
-    self.check_compatible(abstract_state, step)
-    restored = self._manager.restore(
-        step, args=ocp.args.Composite(**{
-            STATE_ITEM: ocp.args.StandardRestore(_with_sharding(abstract_state)),
-            DATA_ITEM: ocp.args.JsonRestore()}))
-    return restored[STATE_ITEM], restored[DATA_ITEM]["data_position"]
+    try:
+      return self._read(abstract_state, step)
+    except UserError:
+      raise
+    except Exception as e:  # pylint: disable=broad-except
+      if not _is_damaged(e):
+        raise
+      raise UserError(f"the checkpoint {self._step_dir(step)} does not read back ({_reason(e)}); "
+                      "restore another step or move it away.") from e
+
+  def _read(self, abstract_state: Any, step: int) -> tuple[Any, Any]:
+    """`restore` of one step through orbax's handlers, without the manager's barriers, so that
+    a host whose read fails does not leave the others waiting (they agree afterwards)."""
+    step_dir = self._step_dir(step)
+    handler = ocp.StandardCheckpointHandler()
+    _reading.set()
+    try:
+      self.check_compatible(abstract_state, step)
+      state = handler.restore(step_dir / STATE_ITEM,
+                              args=ocp.args.StandardRestore(_with_sharding(abstract_state)))
+      position = ocp.JsonCheckpointHandler().restore(step_dir / DATA_ITEM)
+    except BaseException:
+      gc.collect()  # the failed read's leftover coroutines report now, while _reading is set
+      raise
+    finally:
+      _reading.clear()
+      handler.close()
+    return state, position["data_position"]
+
+  def resume(self, abstract_state: Any) -> tuple[Any, Any]:
+    """`restore` of the newest checkpoint that reads back whole.
+
+    Newer ones that do not (a file truncated or missing, metadata deleted or garbled) are moved
+    aside to `<step>.corrupt-<time>` in the same directory, for inspection, with a one-line
+    warning each. Every host reads every candidate and all agree before process 0 renames, so
+    all resume from the same step.
+
+    Args:
+      abstract_state: as for `restore`.
+    Returns:
+      (state, data position) of the newest readable checkpoint.
+    Raises:
+      UserError: no checkpoint at all, none that reads (they are named, and nothing is moved),
+        or the newest readable one is of another model.
+    """
+    damaged: list[tuple[int, str]] = []
+    for step in reversed(self.all_steps()):
+      restored, reason = None, None
+      try:
+        restored = self._read(abstract_state, step)
+      except UserError:
+        raise
+      except Exception as e:  # pylint: disable=broad-except
+        if not _is_damaged(e):
+          raise
+        reason = _reason(e)
+      if _on_every_host(reason is None):
+        self._set_aside(damaged, step)
+        return restored
+      damaged.append((step, reason or "on another host"))
+    if not damaged:
+      raise UserError(f"no checkpoint in {self.directory}; start without resuming or point "
+                      "--workdir at the run to resume.")
+    named = "; ".join(f"{self._step_dir(s)}: {reason}" for s, reason in damaged)
+    raise UserError(
+        f"no checkpoint in {self.directory} reads back whole: {named}. Move these directories "
+        "out of it (to inspect them) to start over in this workdir, or use a new --workdir; "
+        "nothing was changed.")
+
+  def _set_aside(self, damaged: list[tuple[int, str]], resumed: int) -> None:
+    """Renames the `damaged` (step, reason) directories to `<step>.corrupt-<time>` (process 0,
+    with a warning each), then every host lists the steps again."""
+    if not damaged:
+      return
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    if jax.process_index() == 0:
+      for step, reason in damaged:
+        aside = self.directory / f"{step}.corrupt-{stamp}"
+        self._step_dir(step).rename(aside)
+        print(f"bertjax: warning: the checkpoint of step {step} in {self.directory} does not "
+              f"read back ({reason}); moved it to {aside.name} and resuming from step {resumed}.",
+              file=sys.stderr, flush=True)
+    _barrier("bertjax:checkpoints_set_aside")
+    self._manager.reload()
 
   def wait(self) -> None:
-    """Blocks until every started save is on disk."""
+    """Blocks until every started save is on disk.
+
+    Raises:
+      UserError: the disk filled up during a background save (see `save`).
+    """
+    self._finish_writing()
     self._manager.wait_until_finished()
 
   def close(self) -> None:
-    """Waits for pending saves, then releases the manager."""
-    self._manager.wait_until_finished()
-    self._manager.close()
+    """Waits for pending saves (raising as `wait`), then releases the manager."""
+    if self._closed:
+      return
+    try:
+      self.wait()
+    finally:
+      self._closed = True
+      self._manager.close()
 
   def __enter__(self) -> "Checkpoints":
     return self

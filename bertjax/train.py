@@ -319,10 +319,12 @@ def restore_or_init(config: ml_collections.ConfigDict, setup: Setup,
   """The start state: latest checkpoint, else init_checkpoint's parameters, else fresh.
 
   The task's head (every top-level parameter but the encoder 'bert') stays fresh, with a
-  message, where init_checkpoint's has other shapes (another task or number of labels).
+  message, where init_checkpoint's has other shapes (another task or number of labels). A latest
+  checkpoint that does not read back whole is moved aside, with a warning, and the newest that
+  does is resumed (`checkpoint.Checkpoints.resume`).
   """
   if checkpoints.latest_step() is not None:
-    return checkpoints.restore(setup.abstract_state)
+    return checkpoints.resume(setup.abstract_state)
   state = setup.init_state()
   if config.init_checkpoint:
     head = [name for name in state["params"] if name != "bert"]
@@ -337,6 +339,46 @@ def restore_or_init(config: ml_collections.ConfigDict, setup: Setup,
             f"{', '.join(report.missing[:8])}{' ...' if len(report.missing) > 8 else ''}")
     state = dict(state, params=params)
   return state, None
+
+
+_WATCHED = ("loss", "grad_norm", "param_norm")  # train_step metrics that show a divergence
+
+
+def first_nonfinite(steps: list[tuple[int, Any]]) -> tuple[int, dict[str, float]] | None:
+  """The first of `steps`, (step, metrics Collection of `train_step`), whose loss, gradient norm
+  or parameter norm (after the step's update) is NaN or infinite, as (step, {name: value}); None
+  if all are finite. One transfer of the three averages of each step, which a log step fetches
+  anyway."""
+  fetched = jax.device_get([{name: getattr(metrics, name) for name in _WATCHED}
+                            for _, metrics in steps])
+  for (step, _), averages in zip(steps, fetched):
+    if not all(np.isfinite(average.total) for average in averages.values()):
+      return step, {name: float(average.total / max(float(average.count), 1e-9))
+                    for name, average in averages.items()}
+  return None
+
+
+def divergence_message(step: int, values: Mapping[str, float],
+                       train_config: ml_collections.ConfigDict, kept: list[int],
+                       directory: epath.Path) -> str:
+  """The UserError of a run whose loss became NaN or infinite at `step` (`values`: the watched
+  metrics then; `kept`: the steps saved in `directory`, all from before `step`)."""
+  tr = train_config
+  saved = (f"the checkpoints in {directory} (steps {', '.join(map(str, kept))}) are all from "
+           "before it" if kept else "no checkpoint was saved before it")
+  clipping_off = not tr.clip_norm or tr.clip_norm <= 0
+  clipping = ("no gradient clipping (train.clip_norm=0), " if clipping_off
+              else f"(gradients are clipped at train.clip_norm={tr.clip_norm:g}) ")
+  return (
+      f"the loss is NaN or infinite at step {step} "
+      f"({', '.join(f'{k}={values[k]:.4g}' for k in _WATCHED)}): training diverged and stopped "
+      f"there without saving; {saved}. Likely causes: a learning rate too high "
+      f"(train.learning_rate={tr.learning_rate:g}), too short a warmup (train.warmup_steps="
+      f"{tr.warmup_steps}), {clipping}or bad input data. Lower --config.train.learning_rate or "
+      "raise --config.train.warmup_steps"
+      f"{' or set --config.train.clip_norm=1.0' if clipping_off else ''}, then rerun ("
+      f"{f'it resumes from step {kept[-1]}' if kept else 'it starts over'}) or start over with a "
+      "new --workdir.")
 
 
 def step_flops(bert_config, batch: Batch) -> int:
@@ -365,6 +407,11 @@ def _write_workdir_files(config: ml_collections.ConfigDict, workdir: epath.Path,
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, task: Task,
                        devices: list[jax.Device] | None = None) -> dict[str, float]:
   """Trains to `config.train.num_train_steps`, evaluating and checkpointing on the way.
+
+  A loss, gradient norm or parameter norm that becomes NaN or infinite stops the run with a
+  UserError naming the step; it is checked at every log, eval and checkpoint step (a divergence
+  at step k stops it by the next of these), and always before a checkpoint is written, so no
+  checkpoint ever holds a step from after it and none of the earlier ones is rotated out.
 
   Returns the last evaluation's metrics (empty without held-out data). Checks every input that
   can be wrong (shapes, batch sizes, an incompatible checkpoint) before writing to the workdir.
@@ -405,6 +452,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, task: Ta
     bar = tqdm.tqdm(total=total, initial=start_step, desc="train", unit="step",
                     disable=jax.process_index() != 0, dynamic_ncols=True, mininterval=1.0)
     step = start_step
+    unchecked: list[tuple[int, Any]] = []  # (step, metrics) not yet checked for NaN / Inf
+
+    def check_finite() -> None:
+      """Stops the run (UserError) if a step since the last check was not finite, after the
+      saves already started (all from before it) are written."""
+      diverged = first_nonfinite(unchecked) if unchecked else None
+      unchecked.clear()
+      if diverged is not None:
+        bar.close()
+        checkpoints.close()
+        raise UserError(divergence_message(*diverged, tr, checkpoints.all_steps(),
+                                           checkpoints.directory))
+
     batches = task.batches.train(position)
     while step < stop:
       batch, position = next(batches)
@@ -413,13 +473,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, task: Ta
               tokens=batch["input_ids"].size * jax.process_count(),
               flops=step_flops(task.model.config, batch))
       step += 1
+      unchecked.append((step, metrics))
       bar.update(1)
       if step % tr.log_every_steps == 0 or step == total:
+        check_finite()
         bar.set_postfix(log.write_train(step), refresh=False)
       if step % tr.eval_every_steps == 0 or step == total:
+        check_finite()
         eval_metrics = run_eval(step)
         log.restart_clock()
       stopping = stop_signal.should_stop(step)
+      if checkpoints.due(step, force=step == stop or stopping):
+        check_finite()
       checkpoints.save(step, state, position, force=step == stop or stopping)
       if stopping:
         tqdm.tqdm.write(f"{stop_signal.received or 'SIGTERM or SIGINT on some host'}: saved a "
