@@ -1,15 +1,18 @@
 """Entry point: `python -m bertjax.main --config=configs/tiny.py --workdir=DIR [--config.K=V]`.
 
-Parses the flags and hands the config to the task it names (`bertjax.tasks.REGISTRY`). Bad
-input of any kind (a `UserError`) is printed as one line and exits with status 2.
+Parses the flags, holds the workdir for the run (`bertjax.workdir`: one run at a time) and hands
+the config to the task it names (`bertjax.tasks.REGISTRY`). Bad input of any kind (a
+`UserError`, a config file that cannot be loaded) is printed as one line and exits with status 2.
 """
 import os
 import sys
+import traceback
 
+import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from bertjax import configs, parallel, tasks
+from bertjax import configs, parallel, tasks, workdir
 from bertjax.errors import UserError
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -31,13 +34,18 @@ def _config_file(value: str) -> str:
   the installed package's (bertjax.configs) NAME.py, so that commands run from any directory.
   A file found in neither place stops here with one line."""
   path, colon, arg = value.partition(":")
-  if os.path.isfile(path):
-    return value
   packaged = os.path.join(_PACKAGED_CONFIGS, path[len("configs/"):])
-  if path.startswith("configs/") and os.path.isfile(packaged):
-    return packaged + colon + arg
-  names = sorted(n for n in os.listdir(_PACKAGED_CONFIGS) if n.endswith(".py") and n[0] != "_")
-  _fail(f"no config file {path}, neither here nor among bertjax's configs/: {' '.join(names)}.")
+  if not os.path.isfile(path) and path.startswith("configs/") and os.path.isfile(packaged):
+    path, value = packaged, packaged + colon + arg
+  if not os.path.isfile(path):
+    names = sorted(n for n in os.listdir(_PACKAGED_CONFIGS) if n.endswith(".py") and n[0] != "_")
+    _fail(f"no config file {path}, neither here nor among bertjax's configs/: {' '.join(names)}.")
+  try:
+    with open(path, "rb"):
+      pass
+  except OSError as e:
+    _fail(f"cannot read the config file {path} ({e.strerror}); check its permissions.")
+  return value
 
 
 def _find_config(argv: list[str]) -> list[str]:
@@ -51,29 +59,89 @@ def _find_config(argv: list[str]) -> list[str]:
   return argv
 
 
-def _parse_flags(argv: list[str]) -> list[str]:
-  """absl's flag parsing, with an unknown --config.KEY turned into one clear message."""
-  try:
-    return flags.FLAGS(_find_config(argv))
-  except (KeyError, AttributeError) as e:  # ml_collections: an override names no existing field
+def _config_path(argv: list[str]) -> str:
+  """The config file that argv's --config names ('' if none)."""
+  for i, arg in enumerate(argv):
+    if arg.startswith("--config="):
+      return arg[len("--config="):].partition(":")[0]
+    if arg == "--config" and i + 1 < len(argv):
+      return argv[i + 1].partition(":")[0]
+  return ""
+
+
+def _config_file_error(error: BaseException, path: str) -> str | None:
+  """'PATH, line N: ...' when `error`, or an exception it was raised from (ml_collections and
+  absl wrap a config's TypeError and ValueError), is a syntax error or came from the config
+  file's own code; None otherwise."""
+  path = os.path.realpath(path) if path else ""
+  while error is not None:
+    if isinstance(error, SyntaxError) and error.filename:
+      text = f": {error.text.strip()}" if error.text and error.text.strip() else ""
+      return f"{error.filename}, line {error.lineno}: {error.msg}{text}"
+    lines = [line for frame, line in traceback.walk_tb(error.__traceback__)
+             if path and os.path.realpath(frame.f_code.co_filename) == path]
+    if lines:
+      return f"{path}, line {lines[-1]}: {type(error).__name__}: {error}"
+    error = error.__cause__ or error.__context__
+  return None
+
+
+def _config_load_message(error: Exception, path: str) -> str | None:
+  """The message for a config file that does not load (a syntax error, an exception in its
+  code, no get_config); None for other errors."""
+  located = _config_file_error(error, path)
+  if located:
+    return (f"the config file does not load: {located}. Fix the file (configs/tiny.py shows the "
+            "form).")
+  if isinstance(error, AttributeError) and "get_config" in str(error):
+    return (f"the config file {path} has no get_config(); define get_config(arg=None) returning "
+            "an ml_collections.ConfigDict (configs/tiny.py shows the form).")
+  if path and isinstance(error, flags.Error) and "--config must have a value" in str(error):
+    return f"get_config() of {path} returned None; make it return the config."
+  return None
+
+
+def _flag_error_message(error: Exception, argv: list[str]) -> str | None:
+  """The message for an override that names no field or a flag value that does not parse; None
+  for other errors."""
+  if isinstance(error, (KeyError, AttributeError)):  # ml_collections: no such field
     overrides = [a.split("=")[0] for a in argv if a.startswith("--config.")]
-    detail = str(e).strip("'\"").replace("\\n", " ").replace("\n", " ").replace("\\'", "'")
-    _fail(f"unknown config key among {', '.join(overrides)}: {detail}. "
-          "The fields are listed, with comments, in configs/tiny.py (pretraining) and "
-          "configs/finetuning.py (fine-tuning).")
-  except flags.Error as e:
-    _fail(f"{e}. Check the flag's value; run with --helpfull for the flags.")
+    detail = str(error).strip("'\"").replace("\\n", " ").replace("\n", " ").replace("\\'", "'")
+    return (f"unknown config key among {', '.join(overrides)}: {detail}. "
+            "The fields are listed, with comments, in configs/tiny.py (pretraining) and "
+            "configs/finetuning.py (fine-tuning).")
+  if isinstance(error, flags.Error):
+    return f"{error}. Check the flag's value; run with --helpfull for the flags."
+  return None
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing, with a config file that does not load, an unknown --config.KEY or a
+  bad flag value turned into one clear message."""
+  argv = _find_config(argv)
+  try:
+    return flags.FLAGS(argv)
   except UserError as e:  # a config's get_config refused its argument (configs/squad.py:v3)
     _fail(str(e))
+  except Exception as e:  # pylint: disable=broad-except
+    message = _config_load_message(e, _config_path(argv)) or _flag_error_message(e, argv)
+    if message is None:
+      raise
+    _fail(message)
 
 
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     _fail(f"unexpected arguments {argv[1:]}; flags are written --name=value.")
   config = _CONFIG.value
+  if not isinstance(config, ml_collections.ConfigDict):
+    _fail(f"get_config() of {config_flags.get_config_filename(flags.FLAGS['config'])} returned "
+          f"{type(config).__name__}, not an ml_collections.ConfigDict; return the config.")
+  directory = os.path.abspath(os.path.expanduser(_WORKDIR.value))
   try:
     parallel.maybe_initialize_distributed()
-    tasks.run(config, os.path.abspath(os.path.expanduser(_WORKDIR.value)))
+    with workdir.held(directory):  # before any work: one run at a time on a workdir
+      tasks.run(config, directory)
   except UserError as e:
     _fail(str(e))
 

@@ -13,10 +13,16 @@ model_tflops_per_device (those per second per device) and, where the device's pe
 
 TensorBoard events go through tensorboardX: clu's metric_writers package imports TensorFlow,
 which bertjax does not install.
+
+A resumed run logs each step once: at the start, host 0 cuts metrics.jsonl back to the
+restored step (rewritten whole, then renamed over the old file, so a crash leaves one or the
+other), dropping what a crashed run logged after its last checkpoint, and TensorBoard is told
+to purge events past that step (tensorboardX's purge_step).
 """
 from __future__ import annotations
 
 import json
+import os
 import time
 from typing import Any, Mapping, Sequence
 
@@ -30,6 +36,29 @@ METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 
 
+def keep_steps_up_to(path: epath.Path, step: int) -> None:
+  """Rewrites the metrics file `path` with only its lines of steps <= `step`, atomically (a
+  temporary file renamed over it); a line cut short by a crash is dropped too. No file, or
+  nothing to drop: left as it is."""
+  if not path.exists():
+    return
+  text = path.read_text()
+  lines = text.splitlines()
+  kept = []
+  for line in lines:
+    try:
+      record = json.loads(line)
+    except ValueError:
+      continue
+    if isinstance(record, dict) and record.get("step", 0) <= step:
+      kept.append(line)
+  if kept == lines and text.endswith("\n") or not text:
+    return
+  temporary = path.parent / f"{path.name}.tmp{os.getpid()}"
+  temporary.write_text("".join(line + "\n" for line in kept))
+  temporary.replace(path)
+
+
 class MetricLog:
   """The metrics of one run: training steps added as they finish, written every log step;
   evaluations written as they come.
@@ -38,16 +67,22 @@ class MetricLog:
     workdir: where metrics.jsonl and tensorboard/ go (host 0 only).
     dtype: the compute dtype, for the device's peak FLOP/s.
     devices: the devices the step runs on (all hosts).
+    start_step: the step the run starts from (a resumed run's restored step); what an earlier
+      run logged after it is dropped.
   """
 
-  def __init__(self, workdir: epath.Path, *, dtype: str, devices: Sequence[jax.Device]):
+  def __init__(self, workdir: epath.Path, *, dtype: str, devices: Sequence[jax.Device],
+               start_step: int = 0):
     self._num_devices = len(devices)
     self._peak = flops.peak_flops(devices[0].device_kind, dtype)
     self._writing = jax.process_index() == 0
     if self._writing:
       from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+      keep_steps_up_to(workdir / METRICS_FILE, start_step)
+      # Events of later steps, from a run that crashed after its last checkpoint, are hidden.
+      purge = start_step + 1 if (workdir / TENSORBOARD_DIR).exists() else None
       self._file = (workdir / METRICS_FILE).open("a")
-      self._tensorboard = SummaryWriter(str(workdir / TENSORBOARD_DIR))
+      self._tensorboard = SummaryWriter(str(workdir / TENSORBOARD_DIR), purge_step=purge)
     self._pending: list[Any] = []
     self._examples = self._tokens = self._flops = 0
     self.restart_clock()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import json
 import time
 from typing import Any, Callable, Iterable, Iterator, Mapping
@@ -404,6 +405,13 @@ def _write_workdir_files(config: ml_collections.ConfigDict, workdir: epath.Path,
       (workdir / name).write_text(data)
 
 
+def _first_drawn(batches: Iterator[Any]) -> Iterator[Any]:
+  """`batches` with its first item drawn now (a bad data position raises here), then served
+  in order as before."""
+  first = next(batches)
+  return itertools.chain([first], batches)
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, task: Task,
                        devices: list[jax.Device] | None = None) -> dict[str, float]:
   """Trains to `config.train.num_train_steps`, evaluating and checkpointing on the way.
@@ -414,7 +422,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, task: Ta
   checkpoint ever holds a step from after it and none of the earlier ones is rotated out.
 
   Returns the last evaluation's metrics (empty without held-out data). Checks every input that
-  can be wrong (shapes, batch sizes, an incompatible checkpoint) before writing to the workdir.
+  can be wrong (shapes, batch sizes, an incompatible checkpoint or data position) before writing
+  to the workdir.
   """
   workdir = epath.Path(workdir)
   tr = config.train
@@ -432,9 +441,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, task: Ta
     stop = total if tr.stop_after_steps < 0 else min(total, tr.stop_after_steps)
     if start_step:
       print(f"resuming from step {start_step} of {workdir / 'checkpoints'}")
+    # The first batch is drawn before anything is written: a data position that this data
+    # cannot serve (a checkpoint of other data) is refused with the workdir as it was.
+    batches = _first_drawn(task.batches.train(position))
     _write_workdir_files(config, workdir, task.files)
     log = metric_logs.MetricLog(workdir, dtype=config.model.dtype,
-                                devices=list(setup.mesh.devices.flat))
+                                devices=list(setup.mesh.devices.flat), start_step=start_step)
     eval_metrics: dict[str, float] = {}
     eval_predictions: dict[str, np.ndarray] | None = None
 
@@ -465,7 +477,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, task: Ta
         raise UserError(divergence_message(*diverged, tr, checkpoints.all_steps(),
                                            checkpoints.directory))
 
-    batches = task.batches.train(position)
     while step < stop:
       batch, position = next(batches)
       state, metrics = setup.train_step(state, parallel.global_batch(batch, setup.mesh))
