@@ -183,7 +183,10 @@ def test_kill_9_and_rerun_continue_bitwise_in_the_long_phase(corpus, tmp_path):
   assert all(losses[r["step"]] == r["loss"] for r in _metrics(killed) if r["split"] == "train")
 
 
-def test_sigterm_saves_a_checkpoint_and_the_run_resumes(corpus, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_sigterm_saves_a_checkpoint_and_the_run_resumes(sig, corpus, tmp_path):
+  """SIGTERM (a preemption) or SIGINT (Ctrl-C) in a single-process run: a checkpoint at the next
+  step, exit 0, and the rerun resumes from it."""
   workdir = tmp_path / "run"
   flags = _flags(corpus, "--config.train.num_train_steps=100000",
                  "--config.train.checkpoint_every_steps=100000",
@@ -195,10 +198,10 @@ def test_sigterm_saves_a_checkpoint_and_the_run_resumes(corpus, tmp_path):
     if (workdir / "metrics.jsonl").exists() and len(_metrics(workdir)) >= 3:
       break
     time.sleep(0.5)
-  process.send_signal(signal.SIGTERM)
+  process.send_signal(sig)
   stdout, stderr = process.communicate(timeout=120)
   assert process.returncode == 0, stderr[-3000:]
-  assert "SIGTERM: saved a checkpoint" in stdout
+  assert f"{sig.name}: saved a checkpoint" in stdout
   steps = [int(s) for s in os.listdir(workdir / "checkpoints") if s.isdigit()]
   assert len(steps) == 1 and steps[0] >= 3
   saved = steps[0]
