@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from bertjax import tokenization
-from bertjax.data import loader, prepare, sources
+from bertjax.data import loader, pipeline, prepare, sources
 from bertjax.data import pretraining_examples as pe
 from bertjax.errors import UserError
 
@@ -44,17 +44,12 @@ def _take(iterator, k):
 
 
 def _records(batches, examples, k):
-  """The record indices of the next k batches from `examples` (by watching `_batch`)."""
-  seen, original = [], batches._batch  # pylint: disable=protected-access
-
-  def watched(split, records, epochs):
-    seen.append(np.asarray(records))
-    return original(split, records, epochs)
-
-  batches._batch = watched  # pylint: disable=protected-access
-  _take(batches.iterate(examples), k)
-  batches._batch = original  # pylint: disable=protected-access
-  return np.concatenate(seen[:k])
+  """The record indices of the next k batches from `examples`: the stream PairBatches.iterate
+  reads, with each batch made of its row indices."""
+  rows = pipeline.host_batches(batches.num_examples(), batches.order_seed, examples,
+                               lambda rows, epochs: rows, batch_size=batches.batch_size,
+                               process_index=0, process_count=1, threads=1)
+  return np.concatenate([r for r, _ in _take(rows, k)])
 
 
 def test_batch_keys_shapes_and_masks(data):

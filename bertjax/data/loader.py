@@ -154,6 +154,11 @@ class PairBatches:
                       f"{length} tokens but the config asks for {masking.max_predictions}; set "
                       "it to match, or prepare again.")
 
+  @property
+  def order_seed(self) -> int:
+    """grain's shuffle seed of the epoch orders of this phase."""
+    return int(np.random.default_rng([self.masking.seed, _ORDER, self.length]).integers(2**31))
+
   def num_examples(self, split: str = "train") -> int:
     return len(self.data.pairs(self.length, split))
 
@@ -184,9 +189,8 @@ class PairBatches:
       raise UserError(f"only {n} training examples at {self.length} tokens, fewer than one "
                       f"global batch of {global_batch}; use a smaller batch size, a larger "
                       "dupe_factor or more text.")
-    seed = int(np.random.default_rng([self.masking.seed, _ORDER, self.length]).integers(2**31))
     yield from pipeline.host_batches(
-        n, seed, examples, lambda rows, epochs: self._batch("train", rows, epochs),
+        n, self.order_seed, examples, lambda rows, epochs: self._batch("train", rows, epochs),
         batch_size=self.batch_size, process_index=self.process_index,
         process_count=self.process_count, threads=self.threads)
 
