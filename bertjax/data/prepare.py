@@ -550,19 +550,33 @@ def _bool(text: str) -> bool:
 
 def _parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(prog="python -m bertjax.data.prepare",
-                              description=__doc__.split("\n")[0])
+                              description=__doc__.split("\n")[0],
+                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
   defaults = Options(input="")
   types = {int: int, float: float, str: str, bool: _bool, tuple: _ints}
   helps = {
       "input": "text files (comma-separated globs) or tfds:NAME:SPLIT",
-      "vocab": "sentencepiece .model or WordPiece vocab.txt (default: train a sentencepiece one)",
+      "vocab": "sentencepiece .model or WordPiece vocab.txt; empty: train a sentencepiece one",
       "vocab_size": "size of the sentencepiece vocabulary trained when no --vocab is given",
       "max_seq_length": "comma-separated lengths, one set of NSP pairs (phase) each",
-      "max_predictions_per_seq": "per length: masked positions at most (static masks)"}
+      "max_predictions_per_seq": "per length: masked positions at most (static masks); left "
+                                 "at the default: 20 per 128 tokens at every length",
+      "dupe_factor": "passes over the training documents, each pairing them differently",
+      "short_seq_prob": "chance that a document pass aims at a shorter pair",
+      "eval_fraction": "share of each text shard's documents held out for evaluation",
+      "static_masks": "store one set of masks per pair (true/false); else masks are drawn "
+                      "while training",
+      "masked_lm_prob": "share of tokens masked (static masks)",
+      "whole_word_masking": "mask whole words, punctuation apart (static masks; true/false)",
+      "seed": "seed of every random choice",
+      "shard_size_mb": "text per shard: the unit of work of one worker",
+      "tfds_feature": "the TFDS text feature that holds a document",
+      "tfds_data_dir": "where the TFDS dataset was built; empty: TFDS's default",
+      "tfds_documents_per_shard": "TFDS documents per shard"}
   for field in dataclasses.fields(Options):
     default = getattr(defaults, field.name)
     p.add_argument(f"--{field.name}", type=types[type(default)], default=default,
-                   required=field.name == "input", help=helps.get(field.name, " "))
+                   required=field.name == "input", help=helps[field.name])
   p.add_argument("--output_dir", required=True, help="new or empty directory (or one to resume)")
   p.add_argument("--workers", type=int, default=0, help="processes (0 = every core)")
   p.add_argument("--runner", default="", help="an Apache Beam runner instead of local processes")
