@@ -1,4 +1,5 @@
 """Fixtures shared by several test modules: a random BERT directory, a tiny TFDS text dataset."""
+import hashlib
 import os
 
 import flax.linen as nn
@@ -6,8 +7,37 @@ import jax
 import numpy as np
 import pytest
 
-from bertjax import model_files
+from bertjax import model_files, tokenization
+from bertjax.data import sources
 from bertjax.models import bert, heads
+
+
+def write_chapters(directory, num_documents: int, vocab_size: int = 600) -> tuple[str, str]:
+  """(DIRECTORY/chapters.txt: the first `num_documents` chapters of the bundled corpus in
+  google-research/bert's format, DIRECTORY/vocab.model: a sentencepiece model of them)."""
+  documents = sources.read_text_files(sources.BUNDLED_CORPUS)[:num_documents]
+  text_file = os.path.join(directory, "chapters.txt")
+  with open(text_file, "w") as f:
+    f.write("\n\n".join("\n".join(doc) for doc in documents) + "\n")
+  vocab = os.path.join(directory, "vocab.model")
+  tokenization.load_or_train_sentencepiece(
+      lambda: (s for doc in documents for s in doc), vocab, vocab_size)
+  return text_file, vocab
+
+
+def tree_digest(path) -> str:
+  """Names of the directories and names and bytes of the files under `path` (to show that
+  nothing there changed)."""
+  digest = hashlib.sha256()
+  for root, dirs, files in sorted(os.walk(path)):
+    dirs.sort()
+    digest.update(os.path.relpath(root, path).encode() + b"/")
+    for name in sorted(files):
+      full = os.path.join(root, name)
+      digest.update(os.path.relpath(full, path).encode())
+      with open(full, "rb") as f:
+        digest.update(f.read())
+  return digest.hexdigest()
 
 
 def save_random_bert(directory, vocab: list[str]) -> str:

@@ -1,5 +1,4 @@
 """Tests of bertjax.checkpoint on a tiny flax model + optax state (CPU, a few seconds)."""
-import hashlib
 import os
 import subprocess
 import sys
@@ -15,6 +14,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from bertjax import checkpoint, optim
 from bertjax.errors import UserError
+
+from conftest import tree_digest
 
 
 class _Tiny(nn.Module):
@@ -52,17 +53,6 @@ def _assert_trees_equal(a, b):
   jax.tree.map(np.testing.assert_array_equal, a, b)
 
 
-def _hash_dir(path):
-  """Names and bytes of every file under `path`."""
-  digest = hashlib.sha256()
-  for root, dirs, files in sorted(os.walk(path)):
-    dirs.sort()
-    for name in sorted(files):
-      full = os.path.join(root, name)
-      digest.update(os.path.relpath(full, path).encode())
-      with open(full, "rb") as f:
-        digest.update(f.read())
-  return digest.hexdigest()
 
 
 def _save(directory, steps, state=None, **kwargs):
@@ -110,10 +100,10 @@ def test_save_every_steps_and_force(tmp_path):
     assert checkpoints.all_steps() == [3, 6]
     assert checkpoints.save(7, _state(), None, force=True)  # end of run / preemption
     checkpoints.wait()
-    before = _hash_dir(directory / "7")
+    before = tree_digest(directory / "7")
     # The same step again (e.g. preemption at the last step) is not written twice.
     assert not checkpoints.save(7, _state(seed=3), None, force=True)
-  assert _hash_dir(directory / "7") == before
+  assert tree_digest(directory / "7") == before
   assert checkpoint.Checkpoints(directory, save_every_steps=3, keep=None).all_steps() == [3, 6, 7]
 
 
@@ -124,7 +114,7 @@ def test_save_every_steps_and_force(tmp_path):
 def test_mismatched_model_raises_and_changes_nothing(tmp_path, other, expected_in_message):
   directory = tmp_path / "checkpoints"
   _save(directory, [2])
-  before = _hash_dir(tmp_path)
+  before = tree_digest(tmp_path)
   checkpoints = checkpoint.Checkpoints(directory, save_every_steps=1, keep=1)
   with pytest.raises(UserError) as error:
     checkpoints.restore(_abstract(_state(**other)))
@@ -132,7 +122,7 @@ def test_mismatched_model_raises_and_changes_nothing(tmp_path, other, expected_i
   assert expected_in_message in message
   assert "different model" in message and "--workdir" in message
   checkpoints.close()
-  assert _hash_dir(tmp_path) == before
+  assert tree_digest(tmp_path) == before
 
 
 def test_restore_into_a_named_sharding(tmp_path):

@@ -3,7 +3,6 @@ sequences, batch 8, a few steps on the CPU): a loss that becomes NaN, a damaged 
 checkpoint, a disk that fills up during a save. Each ends in one line (an error, or a warning
 and a resume), no traceback, and no good checkpoint lost."""
 import errno
-import hashlib
 import os
 import re
 import shutil
@@ -16,9 +15,10 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from bertjax import checkpoint, tokenization
-from bertjax.data import sources
+from bertjax import checkpoint
 from bertjax.errors import UserError
+
+from conftest import tree_digest, write_chapters
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NUM_DOCUMENTS = 40  # chapters of the bundled corpus the tests train on
@@ -27,14 +27,7 @@ NUM_DOCUMENTS = 40  # chapters of the bundled corpus the tests train on
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
   """(text file with NUM_DOCUMENTS chapters of the bundled corpus, a sentencepiece model of it)."""
-  directory = tmp_path_factory.mktemp("corpus")
-  documents = sources.read_text_files(sources.BUNDLED_CORPUS)[:NUM_DOCUMENTS]
-  text_file = directory / "chapters.txt"
-  text_file.write_text("\n\n".join("\n".join(doc) for doc in documents) + "\n")
-  vocab = directory / "vocab.model"
-  tokenization.load_or_train_sentencepiece(
-      lambda: (s for doc in documents for s in doc), str(vocab), 600)
-  return str(text_file), str(vocab)
+  return write_chapters(str(tmp_path_factory.mktemp("corpus")), NUM_DOCUMENTS)
 
 
 def _flags(corpus, *overrides):
@@ -77,17 +70,6 @@ def _one_line(out, prefix, *expected):
   return lines[0]
 
 
-def _tree_digest(path):
-  """Names and bytes of every file under `path` (to show nothing changed)."""
-  digest = hashlib.sha256()
-  for root, dirs, files in sorted(os.walk(path)):
-    dirs.sort()
-    for name in sorted(files):
-      full = os.path.join(root, name)
-      digest.update(os.path.relpath(full, path).encode())
-      with open(full, "rb") as f:
-        digest.update(f.read())
-  return digest.hexdigest()
 
 
 def _entries(workdir):
@@ -150,7 +132,7 @@ def test_damaged_latest_checkpoint_is_moved_aside_and_the_run_resumes_from_the_o
   workdir = tmp_path / "truncated"
   shutil.copytree(original, workdir)
   os.truncate(_largest_data_file(workdir / "checkpoints" / "4"), 1000)
-  damaged = _tree_digest(workdir / "checkpoints" / "4")
+  damaged = tree_digest(workdir / "checkpoints" / "4")
   out = _run(workdir, _flags(corpus))
   assert out.returncode == 0, out.stderr[-3000:]
   warning = _one_line(out, "bertjax: warning:", "checkpoint of step 4", "does not read back",
@@ -159,20 +141,20 @@ def test_damaged_latest_checkpoint_is_moved_aside_and_the_run_resumes_from_the_o
   assert "resuming from step 2" in out.stdout
   aside = [name for name in _entries(workdir) if name.startswith("4.corrupt-")]
   assert len(aside) == 1 and aside[0] in warning, (_entries(workdir), warning)
-  assert _tree_digest(workdir / "checkpoints" / aside[0]) == damaged  # kept as it was
+  assert tree_digest(workdir / "checkpoints" / aside[0]) == damaged  # kept as it was
   assert _steps(workdir) == [4, 6]  # step 4 trained and saved again, then 6
 
   workdir = tmp_path / "all_damaged"
   shutil.copytree(original, workdir)
   os.truncate(_largest_data_file(workdir / "checkpoints" / "4"), 1000)
   os.remove(workdir / "checkpoints" / "2" / "state" / "_METADATA")
-  before = _tree_digest(workdir)
+  before = tree_digest(workdir)
   out = _run(workdir, _flags(corpus))
   assert out.returncode == 2, out.stderr[-3000:]
   _one_line(out, "bertjax: error:", "no checkpoint", "reads back whole",
             str(workdir / "checkpoints" / "4"), str(workdir / "checkpoints" / "2"), "_METADATA",
             "--workdir", "nothing was changed")
-  assert _tree_digest(workdir) == before
+  assert tree_digest(workdir) == before
 
 
 def _mount_tmpfs(directory, megabytes):
@@ -225,7 +207,7 @@ def test_disk_full_in_a_background_save_is_one_user_error(tmp_path, monkeypatch)
   directory = tmp_path / "checkpoints"
   with checkpoint.Checkpoints(directory, save_every_steps=1, keep=1) as checkpoints:
     checkpoints.save(1, state(1), {"batches": 1})
-  saved = _tree_digest(directory / "1")
+  saved = tree_digest(directory / "1")
 
   async def full_disk(self, item, path):
     del self, item
@@ -241,7 +223,7 @@ def test_disk_full_in_a_background_save_is_one_user_error(tmp_path, monkeypatch)
   checkpoints.close()
   monkeypatch.undo()
   assert sorted(os.listdir(directory)) == ["1"]
-  assert _tree_digest(directory / "1") == saved
+  assert tree_digest(directory / "1") == saved
   abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state(1))
   restored, position = checkpoint.Checkpoints(directory, save_every_steps=1,
                                               keep=2).resume(abstract)

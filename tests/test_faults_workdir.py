@@ -6,7 +6,6 @@ touching the workdir (CPU, a 32-token tiny model on a small slice of the bundled
 Refused runs exit 2 with one line "bertjax: error: ...", no traceback, and leave every file that
 was there as it was (a digest of the tree before and after)."""
 import ctypes
-import hashlib
 import json
 import os
 import re
@@ -18,9 +17,10 @@ import time
 
 import pytest
 
-from bertjax import metric_logs, tokenization, workdir
-from bertjax.data import sources
+from bertjax import metric_logs, workdir
 from bertjax.errors import UserError
+
+from conftest import tree_digest, write_chapters
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LONG_RUN = ["--config.train.num_train_steps=100000", "--config.train.eval_every_steps=100000",
@@ -32,12 +32,7 @@ LONG_RUN = ["--config.train.num_train_steps=100000", "--config.train.eval_every_
 def data(tmp_path_factory):
   """Pairs of 32 and 48 tokens prepared from 20 chapters of the bundled corpus."""
   directory = tmp_path_factory.mktemp("corpus")
-  documents = sources.read_text_files(sources.BUNDLED_CORPUS)[:20]
-  text_file = directory / "chapters.txt"
-  text_file.write_text("\n\n".join("\n".join(doc) for doc in documents) + "\n")
-  vocab = directory / "vocab.model"
-  tokenization.load_or_train_sentencepiece(
-      lambda: (s for doc in documents for s in doc), str(vocab), 600)
+  text_file, vocab = write_chapters(str(directory), 20)
   prepared = directory / "prepared"
   out = subprocess.run(
       [sys.executable, "-m", "bertjax.data.prepare", f"--input={text_file}", f"--vocab={vocab}",
@@ -74,19 +69,6 @@ def _run(directory, flags, config="configs/tiny.py", preexec_fn=None):
                         preexec_fn=preexec_fn)
 
 
-def _tree_digest(path):
-  """Names of every directory and names and bytes of every file under `path`, hidden ones too
-  (to show that nothing changed)."""
-  digest = hashlib.sha256()
-  for root, dirs, files in sorted(os.walk(path)):
-    dirs.sort()
-    digest.update(os.path.relpath(root, path).encode() + b"/")
-    for name in sorted(files):
-      full = os.path.join(root, name)
-      digest.update(os.path.relpath(full, path).encode())
-      with open(full, "rb") as f:
-        digest.update(f.read())
-  return digest.hexdigest()
 
 
 def _error_line(returncode, stderr):
@@ -101,12 +83,12 @@ def _error_line(returncode, stderr):
 def _refused(tree, directory, flags, *expected, config="configs/tiny.py", preexec_fn=None):
   """Runs on `directory`; asserts exit 2, one message holding `expected`, and `tree` (a
   directory holding the workdir or the workdir itself) unchanged. Returns the message."""
-  before = _tree_digest(tree)
+  before = tree_digest(tree)
   out = _run(directory, flags, config=config, preexec_fn=preexec_fn)
   message = _error_line(out.returncode, out.stderr)
   for text in expected:
     assert text in message, message
-  assert _tree_digest(tree) == before
+  assert tree_digest(tree) == before
   return message
 
 
@@ -158,7 +140,7 @@ def test_a_second_run_and_a_second_job_are_refused_while_the_first_holds_the_wor
                        f"pid {process.pid} on host {socket.gethostname()}")
     assert str(directory) in message
     # A two-process job: process 0 is refused and tells process 1, which exits with it.
-    before = _tree_digest(directory)
+    before = tree_digest(directory)
     env = _env(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{_free_port()}", JAX_NUM_PROCESSES="2")
     job = [subprocess.Popen(_command(directory, _flags(data, *LONG_RUN)),
                             env=dict(env, JAX_PROCESS_ID=str(i)), cwd=ROOT,
@@ -172,7 +154,7 @@ def test_a_second_run_and_a_second_job_are_refused_while_the_first_holds_the_wor
           p.kill()
     messages = {_error_line(p.returncode, err) for p, (_, err) in zip(job, outputs)}
     assert messages == {message}
-    assert _tree_digest(directory) == before
+    assert tree_digest(directory) == before
   finally:
     process.send_signal(signal.SIGCONT)
 

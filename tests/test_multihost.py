@@ -21,8 +21,9 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from bertjax import checkpoint, tokenization
-from bertjax.data import sources
+from bertjax import checkpoint
+
+from conftest import write_chapters
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 4
@@ -30,15 +31,8 @@ STEPS = 4
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-  """(text file of 20 chapters of the bundled corpus, a sentencepiece model of it)."""
-  directory = tmp_path_factory.mktemp("corpus")
-  documents = sources.read_text_files(sources.BUNDLED_CORPUS)[:20]
-  text_file = directory / "chapters.txt"
-  text_file.write_text("\n\n".join("\n".join(doc) for doc in documents) + "\n")
-  vocab = directory / "vocab.model"
-  tokenization.load_or_train_sentencepiece(
-      lambda: (s for doc in documents for s in doc), str(vocab), 600)
-  return str(text_file), str(vocab)
+  """(text file with 20 chapters of the bundled corpus, a sentencepiece model of it)."""
+  return write_chapters(str(tmp_path_factory.mktemp("corpus")), 20)
 
 
 def _command(workdir, corpus, *overrides):

@@ -1,7 +1,6 @@
 """End-to-end tests of pretraining through the command line: a run on the tiny config, resume
 after a fresh process, SIGTERM, and every kind of bad input (CPU, a small slice of the bundled
 corpus, a 32-token sequence)."""
-import hashlib
 import json
 import os
 import re
@@ -15,11 +14,11 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from bertjax import tokenization
-from bertjax.data import sources
 from bertjax.errors import UserError
 from bertjax.models import heads
 from bertjax.tasks import pretraining
+
+from conftest import tree_digest, write_chapters
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NUM_DOCUMENTS = 40  # chapters of the bundled corpus the tests train on
@@ -28,14 +27,7 @@ NUM_DOCUMENTS = 40  # chapters of the bundled corpus the tests train on
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
   """(text file with NUM_DOCUMENTS chapters of the bundled corpus, a sentencepiece model of it)."""
-  directory = tmp_path_factory.mktemp("corpus")
-  documents = sources.read_text_files(sources.BUNDLED_CORPUS)[:NUM_DOCUMENTS]
-  text_file = directory / "chapters.txt"
-  text_file.write_text("\n\n".join("\n".join(doc) for doc in documents) + "\n")
-  vocab = directory / "vocab.model"
-  tokenization.load_or_train_sentencepiece(
-      lambda: (s for doc in documents for s in doc), str(vocab), 600)
-  return str(text_file), str(vocab)
+  return write_chapters(str(tmp_path_factory.mktemp("corpus")), NUM_DOCUMENTS)
 
 
 def _flags(corpus, *overrides):
@@ -81,17 +73,6 @@ def _metrics(workdir):
     return [json.loads(line) for line in f]
 
 
-def _tree_digest(path):
-  """Names, sizes and bytes of every file under `path` (to show nothing changed)."""
-  digest = hashlib.sha256()
-  for root, dirs, files in sorted(os.walk(path)):
-    dirs.sort()
-    for name in sorted(files):
-      full = os.path.join(root, name)
-      digest.update(os.path.relpath(full, path).encode())
-      with open(full, "rb") as f:
-        digest.update(f.read())
-  return digest.hexdigest()
 
 
 def test_cli_end_to_end(corpus, tmp_path):
@@ -210,7 +191,7 @@ def test_init_checkpoint_takes_parameters_only(corpus, tmp_path):
 def _assert_fails_cleanly(workdir, flags, *expected, num_devices=1, config="configs/tiny.py"):
   workdir.mkdir(exist_ok=True)
   (workdir / "notes.txt").write_text("the user's file\n")
-  before = _tree_digest(workdir)
+  before = tree_digest(workdir)
   out = _run(workdir, flags, config=config, num_devices=num_devices)
   assert out.returncode == 2, (out.returncode, out.stderr[-3000:])
   message = [line for line in out.stderr.splitlines() if line.startswith("bertjax: error:")]
@@ -218,7 +199,7 @@ def _assert_fails_cleanly(workdir, flags, *expected, num_devices=1, config="conf
   for text in expected:
     assert text in message[0], message[0]
   assert "Traceback" not in out.stderr
-  assert _tree_digest(workdir) == before
+  assert tree_digest(workdir) == before
   return message[0]
 
 
