@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from bertjax import tokenization
-from bertjax.data import prepare, shards, sources
+from bertjax.data import prepare, shards, sources, text_shards
 from bertjax.data import pretraining_examples as pe
 from bertjax.errors import UserError
 
@@ -113,13 +113,13 @@ def test_held_out_documents_and_the_vocabulary(prepared, text_file):
   options = prepare.Options.from_json(plan["flags"])
   held_out, training = set(), set()
   for index, shard in enumerate(plan["text_shards"]):
-    train_docs, heldout_docs = prepare.split_heldout(
-        prepare.read_text_shard(shard, options), options.eval_fraction, options.seed, index)
+    train_docs, heldout_docs = text_shards.split_heldout(
+        text_shards.read_text_shard(shard, options), options.eval_fraction, options.seed, index)
     training |= {tuple(d) for d in train_docs}
     held_out |= {tuple(d) for d in heldout_docs}
   assert held_out and not held_out & training
   assert len(held_out) + len(training) == 40
-  sentences = set(prepare.training_sentences(options, plan["text_shards"]))
+  sentences = set(text_shards.training_sentences(options, plan["text_shards"]))
   assert sentences == {s for d in training for s in d}
   dtype = np.dtype("uint16")
   stored = {tuple(map(tuple, shards.decode_document(r, dtype)))

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from bertjax.data import pipeline, shards
+from bertjax.data import pipeline, prepare, shards
 from bertjax.data import pretraining_examples as pe
 from bertjax.errors import UserError
 
@@ -44,8 +44,6 @@ class PreparedData:
   """
 
   def __init__(self, directory: str):
-    from bertjax.data import prepare  # pylint: disable=import-outside-toplevel
-
     self.directory = directory
     path = os.path.join(directory, prepare.INFO_FILE)
     if not os.path.isfile(path):

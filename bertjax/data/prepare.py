@@ -6,8 +6,9 @@
 The input is text files (one sentence per line, a blank line between documents, as
 google-research/bert takes) or `tfds:NAME[/CONFIG][:VERSION]:SPLIT`, a TFDS text dataset built
 on local disk in array_record format (each example's --tfds_feature is one document). The work
-is cut into text shards (--shard_size_mb of a file, or --tfds_documents_per_shard documents);
-each text shard independently becomes (shards.py has the layout):
+is cut into text shards (text_shards.py: --shard_size_mb of a file, or
+--tfds_documents_per_shard documents); each text shard independently becomes (shards.py has
+the layout):
 
 * its documents, split into training and held-out ones (a seeded `eval_fraction` of each
   shard's documents, at least 2 when it has 3 or more), tokenized: documents/{train,heldout};
@@ -38,18 +39,18 @@ import multiprocessing
 import os
 import shutil
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
-from bertjax.data import shards
+from bertjax.data import shards, text_shards
 from bertjax.errors import UserError
 
 INFO_FILE = "info.json"
 PLAN_FILE = "plan.json"  # flags and text shards, written first: a rerun resumes only with these
 DONE_DIR = "done"  # done/SSSSS.json: the counts of a finished text shard
 _FORMAT = 1
-_HELDOUT, _PAIRS, _MASKS = 1, 2, 3  # kinds of seeded generator
+_PAIRS, _MASKS = 2, 3  # kinds of seeded generator (text_shards.HELDOUT_SEED is 1)
 _MASK_CHUNK = 4096  # pairs masked at a time
 
 
@@ -112,107 +113,6 @@ def _join(values) -> str:
 
 
 # ----------------------------------------------------------------------------------------------
-# Text shards.
-
-
-def plan_text_shards(options: Options) -> list[dict]:
-  """The input cut into text shards: {"path", "start", "stop"} byte ranges of a file, each
-  starting at a document, or {"tfds", "split", "start", "stop"} ranges of a dataset's examples."""
-  if options.input.startswith("tfds:"):
-    name, split = _tfds_name_split(options.input)
-    count = len(_tfds_source(name, split, options))
-    step = options.tfds_documents_per_shard
-    return [{"tfds": name, "split": split, "start": s, "stop": min(s + step, count)}
-            for s in range(0, count, step)]
-  from bertjax.data import sources  # pylint: disable=import-outside-toplevel
-
-  target = max(1, int(options.shard_size_mb * 2**20))
-  shards = []
-  for path in sources.expand_globs(options.input):
-    size = os.path.getsize(path)
-    cuts = [0] + [_document_start(path, c) for c in range(target, size, target)] + [size]
-    cuts = sorted(set(cuts))
-    shards += [{"path": os.path.abspath(path), "start": a, "stop": b}
-               for a, b in zip(cuts, cuts[1:])]
-  return shards
-
-
-def _document_start(path: str, offset: int) -> int:
-  """The offset of the first line after the first blank line at or after `offset` (the end of
-  the file if none): a document starts there."""
-  with open(path, "rb") as f:
-    f.seek(offset)
-    f.readline()  # the rest of the line `offset` falls in
-    while True:
-      line = f.readline()
-      if not line:
-        return f.tell()
-      if not line.strip():
-        return f.tell()
-
-
-def read_text_shard(shard: dict, options: Options) -> list[list[str]]:
-  """The documents (lists of sentences) of one text shard."""
-  from bertjax.data import sources  # pylint: disable=import-outside-toplevel
-
-  if "tfds" in shard:
-    source = _tfds_source(shard["tfds"], shard["split"], options)
-    examples = source.__getitems__(list(range(shard["start"], shard["stop"])))
-    documents = []
-    for example in examples:
-      value = example[options.tfds_feature]
-      text = value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
-      sentences = sources.document_sentences(text)
-      if sentences:
-        documents.append(sentences)
-    return documents
-  path, start = shard["path"], shard["start"]
-  with open(path, "rb") as f:
-    f.seek(start)
-    data = f.read(shard["stop"] - start)
-  try:
-    text = sources.decode_text(path, data, 1, start)
-  except UserError:  # name the line in the whole file
-    with open(path, "rb") as f:
-      line = f.read(start).count(b"\n") + 1
-    text = sources.decode_text(path, data, line, start)
-  return sources.text_documents(text)
-
-
-def _tfds_name_split(spec: str) -> tuple[str, str]:
-  name, _, split = spec.removeprefix("tfds:").rpartition(":")
-  if not name or not split:
-    raise UserError(f"--input={spec} is not tfds:NAME:SPLIT, e.g. "
-                    "tfds:wikipedia/20230601.en:train.")
-  return name, split
-
-
-def _tfds_source(name: str, split: str, options: Options):
-  """The array_record data source of a TFDS split (random access, no TensorFlow)."""
-  from bertjax.data import sources  # pylint: disable=import-outside-toplevel
-
-  builder = sources.open_tfds_builder(name, options.tfds_data_dir or None)
-  sources.check_tfds_text(builder, name, split, options.tfds_feature)
-  try:
-    return builder.as_data_source(split=split)
-  except NotImplementedError:
-    raise UserError(f"TFDS dataset {name!r} is stored as tfrecord, which has no random access; "
-                    f"rebuild it with tfds build {name} --file_format=array_record.") from None
-
-
-def split_heldout(documents: list, eval_fraction: float, seed: int,
-                  shard: int) -> tuple[list, list]:
-  """(training, held-out) documents of a text shard: a seeded `eval_fraction` of them, at least
-  2 (NSP draws a random next segment from another document) when there are 3 or more."""
-  if eval_fraction == 0 or len(documents) < 3:
-    return documents, []
-  order = np.random.default_rng([seed, _HELDOUT, shard]).permutation(len(documents))
-  held_out = set(order[:max(2, round(eval_fraction * len(documents)))].tolist())
-  return ([d for i, d in enumerate(documents) if i not in held_out],
-          [d for i, d in enumerate(documents) if i in held_out])
-
-
-# ----------------------------------------------------------------------------------------------
 # The work of one text shard.
 
 
@@ -223,14 +123,14 @@ def process_text_shard(output_dir: str, index: int) -> dict:
 
   with open(os.path.join(output_dir, PLAN_FILE)) as f:
     plan = json.load(f)
-  options, text_shards = Options.from_json(plan["flags"]), plan["text_shards"]
-  count = len(text_shards)
+  options, specs = Options.from_json(plan["flags"]), plan["text_shards"]
+  count = len(specs)
   tok = tokenization.load_tokenizer(os.path.join(output_dir, plan["vocab_file"]))
   dtype = shards.token_dtype(tok.vocab_size)
-  splits = shard_documents(options, text_shards, index, tok)
+  splits = shard_documents(options, specs, index, tok)
   documents = splits["train"] + splits["heldout"]
-  done = {"text_bytes": text_shards[index]["stop"] - text_shards[index]["start"]
-          if "path" in text_shards[index] else 0,
+  done = {"text_bytes": specs[index]["stop"] - specs[index]["start"]
+          if "path" in specs[index] else 0,
           "documents": len(splits["train"]), "heldout_documents": len(splits["heldout"]),
           "sentences": sum(len(d) for d in documents),
           "tokens": int(sum(len(s) for d in documents for s in d)), "files": {}}
@@ -252,15 +152,15 @@ def process_text_shard(output_dir: str, index: int) -> dict:
   return done
 
 
-def shard_documents(options: Options, text_shards: list[dict], index: int,
+def shard_documents(options: Options, specs: list[dict], index: int,
                     tok) -> dict[str, list[list[list[int]]]]:
   """{"train", "heldout"}: the tokenized documents of text shard `index`, each set shuffled as
   the original shuffles its documents."""
   rng = np.random.default_rng([options.seed, _PAIRS, index])
-  texts = read_text_shard(text_shards[index], options)
+  texts = text_shards.read_text_shard(specs[index], options)
+  held_out = text_shards.split_heldout(texts, options.eval_fraction, options.seed, index)
   splits = {}
-  for split, docs in zip(("train", "heldout"),
-                         split_heldout(texts, options.eval_fraction, options.seed, index)):
+  for split, docs in zip(("train", "heldout"), held_out):
     splits[split] = _tokenize(tok, [docs[i] for i in rng.permutation(len(docs))])
   return splits
 
@@ -354,10 +254,10 @@ def _prepare(options: Options, output_dir: str, workers: int, runner: str,
   os.makedirs(output_dir, exist_ok=True)
   plan_path = os.path.join(output_dir, PLAN_FILE)
   if not os.path.exists(plan_path):
-    text_shards = plan_text_shards(options)
-    vocab_file = _vocabulary(options, text_shards, output_dir)
+    specs = text_shards.plan_text_shards(options)
+    vocab_file = _vocabulary(options, specs, output_dir)
     _write_json(plan_path, {"format": _FORMAT, "flags": options.to_json(),
-                            "vocab_file": vocab_file, "text_shards": text_shards})
+                            "vocab_file": vocab_file, "text_shards": specs})
   with open(plan_path) as f:
     plan = json.load(f)
   _remove_partial_files(output_dir)
@@ -395,7 +295,7 @@ def _check_output_dir(output_dir: str, options: Options) -> dict | None:
                   "empty directory (nothing there is overwritten).")
 
 
-def _vocabulary(options: Options, text_shards: list[dict], output_dir: str) -> str:
+def _vocabulary(options: Options, specs: list[dict], output_dir: str) -> str:
   """Copies the given vocabulary into DATA, or trains a sentencepiece model there on training
   sentences; returns its file name in DATA."""
   from bertjax import tokenization  # pylint: disable=import-outside-toplevel
@@ -404,30 +304,9 @@ def _vocabulary(options: Options, text_shards: list[dict], output_dir: str) -> s
     return os.path.basename(tokenization.load_tokenizer(options.vocab).save(output_dir))
 
   tokenization.load_or_train_sentencepiece(
-      lambda: training_sentences(options, text_shards),
+      lambda: text_shards.training_sentences(options, specs),
       os.path.join(output_dir, tokenization.MODEL_FILE), options.vocab_size, seed=options.seed)
   return tokenization.MODEL_FILE
-
-
-def training_sentences(options: Options, text_shards: list[dict],
-                       limit: int = 1_000_000) -> Iterator[str]:
-  """Sentences of training documents (never held-out ones) for the vocabulary: whole text
-  shards in a seeded order, until `limit` sentences or the end of the input."""
-  count = 0
-  for index in np.random.default_rng([options.seed, _HELDOUT]).permutation(len(text_shards)):
-    documents = read_text_shard(text_shards[index], options)
-    for document in split_heldout(documents, options.eval_fraction, options.seed, index)[0]:
-      yield from document
-      count += len(document)
-    if count >= limit:
-      return
-  if not count:
-    raise _no_text(options)
-
-
-def _no_text(options: Options) -> UserError:
-  return UserError(f"{options.input} holds no text; give files with one sentence per line and a "
-                   "blank line between documents.")
 
 
 def _run_local(output_dir: str, todo: list[int], workers: int, plan: dict,
@@ -469,16 +348,14 @@ def _write_info(output_dir: str, plan: dict) -> dict:
   totals = {key: sum(d[key] for d in done) for key in
             ("text_bytes", "documents", "heldout_documents", "sentences", "tokens")}
   if not totals["documents"]:
-    raise _no_text(options)
+    raise text_shards.no_text(options.input)
   files = {name: n for d in done for name, n in d["files"].items() if n}
-  token_counts = np.zeros(1, np.int64)
+  tok = tokenization.load_tokenizer(os.path.join(output_dir, plan["vocab_file"]))
+  token_counts = np.zeros(tok.vocab_size, np.int64)  # [vocab_size] over training documents
   for d in done:
     for i, c in d["token_counts"].items():
-      if int(i) >= len(token_counts):
-        token_counts = np.pad(token_counts, (0, int(i) + 1 - len(token_counts)))
       token_counts[int(i)] += c
-  tok = tokenization.load_tokenizer(os.path.join(output_dir, plan["vocab_file"]))
-  token_counts[[i for i in tok.special_ids if i < len(token_counts)]] = 0
+  token_counts[sorted(tok.special_ids)] = 0
 
   def listing(kind, split):
     return [[name, n] for name, n in sorted(files.items()) if name.startswith(f"{kind}/{split}-")]
