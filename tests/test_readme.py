@@ -1,5 +1,6 @@
 """The README's "Pretraining data" commands, run exactly as written (in a directory holding
 text/*.txt, a slice of the bundled corpus)."""
+import importlib
 import os
 import re
 import shlex
@@ -48,3 +49,40 @@ def test_pretraining_data_commands_run_as_written(text_dir):
   for run in ("run_prepared", "run_static"):
     assert (text_dir / run / "checkpoints" / "20").is_dir()
     assert "data" not in os.listdir(text_dir / run)
+
+
+def _readme_commands(prefix):
+  """Argument lists of every README command that starts with `prefix` (backslash-continued
+  lines joined; [optional] parts and "..." dropped)."""
+  with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+    text = re.sub(r"\\\n\s*", " ", f.read())
+  commands = []
+  for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+    for line in block.splitlines():
+      line = re.sub(r"\[[^\]]*\]|\.\.\.", "", line.strip().split("&&")[-1].strip())
+      if line.startswith(prefix):
+        commands.append(shlex.split(line, comments=True)[len(prefix.split()):])
+  return commands
+
+
+def test_every_readme_command_names_real_flags_and_config_fields():
+  """The README's other commands (paths of a real cluster, not runnable here) parse: prepare's
+  flags exist, and every --config.KEY is a field of the config named."""
+  from bertjax.data import prepare  # pylint: disable=import-outside-toplevel
+
+  prepares = _readme_commands("python -m bertjax.data.prepare")
+  assert len(prepares) == 3, prepares
+  for args in prepares:
+    _, unknown = prepare._parser().parse_known_args(args)  # pylint: disable=protected-access
+    assert not unknown, (args, unknown)
+  mains = _readme_commands("python -m bertjax.main")
+  assert len(mains) >= 8, mains
+  for args in mains:
+    [name] = [a.split("/")[-1][:-3] for a in args if a.startswith("--config=")]
+    config = importlib.import_module(f"bertjax.configs.{name}").get_config()
+    for arg in args:
+      if arg.startswith("--config."):
+        node = config
+        for part in arg[len("--config."):].split("=")[0].split("."):
+          assert part in node, (name, arg)
+          node = node[part]
