@@ -62,6 +62,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+ATTENTIONS = ("auto", "reference", "xla", "cudnn", "splash")
+FUSED_ATTENTIONS = ("xla", "cudnn", "splash")  # no dropout on the attention probabilities
+REMATS = ("none", "full", "dots")
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 _ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "gelu": lambda x: nn.gelu(x, approximate=False),  # exact: x * Phi(x), with erf
@@ -89,6 +92,16 @@ class BertConfig:
     hidden_act: 'gelu' (exact, erf; original BERT) or 'gelu_tanh' (tanh approximation).
     dtype: compute dtype of the matrix multiplies, 'float32' or 'bfloat16'.
     param_dtype: storage dtype of the parameters, 'float32' (or 'bfloat16').
+    attention: how attention is computed: 'reference' (the paper's einsum, attention dropout
+      included), 'xla' or 'cudnn' (jax.nn.dot_product_attention), 'splash' (the Pallas
+      splash-attention kernel, TPU), or 'auto' (the fastest the backend has; 'reference' when
+      attention_dropout_rate > 0, which fused kernels cannot apply).
+    remat: activation checkpointing of each layer: 'none', 'full' (recompute the whole layer in
+      the backward pass) or 'dots' (keep the matrix-multiply outputs, recompute the rest).
+    pad_vocab_to_multiple: the word-embedding table and the MLM output have
+      `padded_vocab_size` rows (vocab_size rounded up to this multiple), so the vocabulary axis
+      splits over tensor-parallel devices and matmuls get aligned shapes; padded rows never
+      receive probability mass. 1 = no padding.
   """
   vocab_size: int = 30522
   hidden_size: int = 768
@@ -104,10 +117,13 @@ class BertConfig:
   hidden_act: str = "gelu"
   dtype: str = "float32"
   param_dtype: str = "float32"
+  attention: str = "reference"
+  remat: str = "none"
+  pad_vocab_to_multiple: int = 128
 
   def __post_init__(self):
     for field in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
-                  "max_position_embeddings", "type_vocab_size"):
+                  "max_position_embeddings", "type_vocab_size", "pad_vocab_to_multiple"):
       value = getattr(self, field)
       if not isinstance(value, int) or value < 1:
         raise ValueError(f"BertConfig.{field}={value!r}; it must be a positive integer.")
@@ -126,6 +142,24 @@ class BertConfig:
       if getattr(self, field) not in _DTYPES:
         raise ValueError(f"BertConfig.{field}={getattr(self, field)!r}; use one of "
                          f"{sorted(_DTYPES)}.")
+
+    if self.attention not in ATTENTIONS:
+      raise ValueError(f"BertConfig.attention={self.attention!r}; use one of {list(ATTENTIONS)}.")
+    if self.attention in FUSED_ATTENTIONS and self.attention_dropout_rate > 0:
+      raise ValueError(
+          f"BertConfig.attention={self.attention!r} is a fused kernel, which cannot drop "
+          f"attention probabilities, but attention_dropout_rate={self.attention_dropout_rate}; "
+          "set attention_dropout_rate=0 (as MosaicBERT and ModernBERT train), or use "
+          "attention='reference' for the paper's exact recipe.")
+    if self.remat not in REMATS:
+      raise ValueError(f"BertConfig.remat={self.remat!r}; use one of {list(REMATS)}.")
+
+  @property
+  def padded_vocab_size(self) -> int:
+    """vocab_size rounded up to a multiple of pad_vocab_to_multiple: the rows of the
+    word-embedding table and of the MLM output bias."""
+    m = self.pad_vocab_to_multiple
+    return -(-self.vocab_size // m) * m
 
   @property
   def head_dim(self) -> int:
