@@ -1,5 +1,5 @@
-"""The optimizer of BERT: AdamW with linear warmup + linear decay, a weight-decay mask, gradient
-clipping by global norm, all from optax.
+"""The optimizer of BERT: AdamW (or LAMB) with linear warmup + linear decay, a weight-decay mask,
+gradient clipping by global norm, all from optax.
 
 The recipe (Devlin et al. 2019, section A.2; google-research/bert `optimization.py`): Adam with
 b1=0.9, b2=0.999, eps=1e-6, decoupled L2 weight decay 0.01 on everything but biases and LayerNorm
@@ -12,6 +12,10 @@ Two deliberate differences from the original TF code, both the common modern rea
 - After warmup the rate decays from the peak at `warmup_steps` to zero at `total_steps` (a
   continuous line); the TF code decayed from step 0, so the rate just after warmup was
   `peak * (1 - warmup / total)`.
+
+LAMB (You et al. 2020, `optax.lamb`) is the large-batch alternative NVIDIA's and the MLPerf BERT
+entries pretrain with: Adam's update rescaled per parameter by ||w|| / ||update||, with the same
+weight-decay mask, schedule and clipping here. Its settings are in the README.
 """
 from __future__ import annotations
 
@@ -21,6 +25,8 @@ import jax
 import optax
 
 from bertjax.errors import UserError
+
+OPTIMIZERS = ("adamw", "lamb")
 
 # A leaf whose name contains one of these gets no weight decay (google-research/bert excludes
 # parameters whose name matches "bias" or "LayerNorm"; in Flax a LayerNorm's parameters are
@@ -94,9 +100,11 @@ def weight_decay_mask(params: Any) -> Any:
 
 def make_optimizer(*, learning_rate: float = 1e-4, num_train_steps: int, warmup_steps: int,
                    b1: float = 0.9, b2: float = 0.999, eps: float = 1e-6,
-                   weight_decay: float = 0.01, clip_norm: float | None = 1.0
+                   weight_decay: float = 0.01, clip_norm: float | None = 1.0,
+                   optimizer: str = "adamw"
                    ) -> tuple[optax.GradientTransformation, optax.Schedule]:
-  """BERT's optimizer: clip by global norm, then AdamW with the warmup + linear-decay schedule.
+  """BERT's optimizer: clip by global norm, then AdamW (or LAMB) with the warmup + linear-decay
+  schedule.
 
   Gradient accumulation is not here: the train step (`bertjax.train.make_train_step`) sums the
   micro-batches' gradients before the one `tx.update` of a step.
@@ -108,12 +116,16 @@ def make_optimizer(*, learning_rate: float = 1e-4, num_train_steps: int, warmup_
     b1, b2, eps: Adam's decay rates and epsilon (added outside the square root).
     weight_decay: decoupled weight decay (times the learning rate), on `weight_decay_mask`.
     clip_norm: clip gradients to this global norm; None or 0 turns clipping off.
+    optimizer: "adamw" or "lamb" (the same arguments; LAMB adds the layer-wise trust ratio).
   Returns:
     (tx, schedule): `schedule(n)` is the learning rate of the n-th update (0-based), the n-th
     training step.
   """
+  if optimizer not in OPTIMIZERS:
+    raise UserError(f"train.optimizer={optimizer!r}; use one of {', '.join(OPTIMIZERS)}.")
   schedule = learning_rate_schedule(learning_rate, warmup_steps, num_train_steps)
-  adamw = optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
-                      mask=weight_decay_mask)
-  tx = optax.chain(optax.clip_by_global_norm(clip_norm), adamw) if clip_norm else adamw
+  make = optax.adamw if optimizer == "adamw" else optax.lamb
+  update = make(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
+                mask=weight_decay_mask)
+  tx = optax.chain(optax.clip_by_global_norm(clip_norm), update) if clip_norm else update
   return tx, schedule

@@ -33,7 +33,7 @@ import tqdm
 from clu import metrics as clu_metrics
 from etils import epath
 
-from bertjax import checkpoint, flops, metric_logs, optim, parallel, preemption
+from bertjax import checkpoint, flops, metric_logs, model_options, optim, parallel, preemption
 from bertjax.errors import UserError
 from bertjax.models import heads
 
@@ -112,12 +112,12 @@ def _averages(terms: Terms) -> dict[str, clu_metrics.Average]:
 
 
 def make_optimizer(train_config: ml_collections.ConfigDict):
-  """optax AdamW with BERT's schedule from the `train` section of the config."""
+  """optax AdamW (or LAMB) with BERT's schedule from the `train` section of the config."""
   return optim.make_optimizer(
       learning_rate=train_config.learning_rate, num_train_steps=train_config.num_train_steps,
       warmup_steps=train_config.warmup_steps, b1=train_config.b1, b2=train_config.b2,
       eps=train_config.eps, weight_decay=train_config.weight_decay,
-      clip_norm=train_config.clip_norm)
+      clip_norm=train_config.clip_norm, optimizer=train_config.get("optimizer", "adamw"))
 
 
 def make_train_step(task: Task, tx: optax.GradientTransformation, schedule: optax.Schedule,
@@ -445,7 +445,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, task: Ta
     # cannot serve (a checkpoint of other data) is refused with the workdir as it was.
     batches = _first_drawn(task.batches.train(position))
     _write_workdir_files(config, workdir, task.files)
-    log = metric_logs.MetricLog(workdir, dtype=config.model.dtype,
+    dtype = model_options.resolve_dtype(config.model.dtype)
+    log = metric_logs.MetricLog(workdir, dtype=dtype,
                                 devices=list(setup.mesh.devices.flat), start_step=start_step)
     eval_metrics: dict[str, float] = {}
     eval_predictions: dict[str, np.ndarray] | None = None

@@ -16,7 +16,10 @@ def get_config(arg=None):
   config.init_checkpoint = ""  # the pretrained model (required), with bert_config.json + vocab
 
   config.model = ml_collections.ConfigDict()
-  config.model.dtype = "float32"  # compute dtype: float32 or bfloat16 (params stay float32)
+  config.model.dtype = "auto"  # compute dtype: auto (bfloat16 on GPU/TPU, float32 on CPU),
+  # float32 or bfloat16; params, LayerNorm, softmax and loss stay float32
+  config.model.attention = "auto"  # as configs/tiny.py: reference while attention dropout > 0
+  config.model.remat = "none"  # recompute activations in the backward pass: none, full, dots
   config.model.dropout_rate = 0.1  # embeddings, residual branches and the task's head
   config.model.attention_dropout_rate = 0.1  # attention probabilities
 
@@ -32,6 +35,7 @@ def get_config(arg=None):
   config.train.warmup_steps = -1  # set from warmup_proportion
   config.train.stop_after_steps = -1  # stop (with a checkpoint) here; rerun to go on (-1: the end)
   config.train.learning_rate = 2e-5  # peak, then linear decay to 0
+  config.train.optimizer = "adamw"  # adamw (the paper) or lamb
   config.train.weight_decay = 0.01  # AdamW decay, off LayerNorm and biases
   config.train.b1 = 0.9  # AdamW: decay of the first moment (the gradients' moving average)
   config.train.b2 = 0.999  # AdamW: decay of the second moment (the squared gradients')

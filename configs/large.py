@@ -5,6 +5,7 @@
 
 As configs/base.py (batch 256, lr 1e-4, 1M steps, seq 128 then 512) with the large encoder. The
 paper reports MNLI-m 86.7 after fine-tuning. FSDP over 8 chips: --config.mesh.fsdp=8.
+`--config=configs/large.py:fast` is the fast variant of configs/base.py:fast.
 """
 from bertjax.configs import base
 

@@ -23,7 +23,13 @@ def get_config(arg=None):
   config.model = ml_collections.ConfigDict()
   config.model.size = "tiny"  # bertjax.models.bert.SIZES: tiny mini small medium base large
   config.model.hidden_act = "gelu"  # "gelu" (exact, erf) or "gelu_tanh" (tanh approximation)
-  config.model.dtype = "float32"  # compute dtype: float32 or bfloat16 (params stay float32)
+  config.model.dtype = "auto"  # compute dtype: auto (bfloat16 on GPU/TPU, float32 on CPU),
+  # float32 or bfloat16; params, LayerNorm, softmax and loss stay float32
+  config.model.attention = "auto"  # auto, reference (the paper's, with attention dropout), xla,
+  # cudnn (GPU) or splash (TPU); fused kernels need attention_dropout_rate=0; auto = the
+  # fastest the backend has, reference when attention_dropout_rate > 0
+  config.model.remat = "none"  # recompute activations in the backward pass: none, full, dots
+  config.model.pad_vocab_to_multiple = 128  # embedding/MLM rows rounded up (never predicted)
   # Dropout 0.1 in the paper (configs/base.py); 0 here: the demo sees each example about once,
   # so dropout only slows learning, and drawing its random bits costs a quarter of a CPU step.
   config.model.dropout_rate = 0.0  # embeddings and residual branches
@@ -63,6 +69,7 @@ def get_config(arg=None):
   config.train.stop_after_steps = -1  # stop (with a checkpoint) here; rerun to go on (-1: the end)
   config.train.warmup_steps = 200  # linear warmup, then linear decay to 0
   config.train.learning_rate = 2e-3  # peak; a tiny model takes a far larger rate than base
+  config.train.optimizer = "adamw"  # adamw (the paper) or lamb (large batches; see README)
   config.train.weight_decay = 0.01  # AdamW decay, off LayerNorm and biases
   config.train.b1 = 0.9  # AdamW: decay of the first moment (the gradients' moving average)
   config.train.b2 = 0.999  # AdamW: decay of the second moment (the squared gradients')

@@ -141,3 +141,39 @@ def test_clipping_by_global_norm():
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), got, by_hand)
   not_clipped = _run(unclipped, [big, small])
   assert not np.allclose(not_clipped["dense"]["kernel"], got["dense"]["kernel"], atol=1e-4)
+
+
+def test_lamb_matches_hand_written_update():
+  # LAMB (You et al. 2020): Adam's step plus the decoupled decay, scaled per parameter by the
+  # trust ratio ||w|| / ||step|| (1 where either norm is 0), as NVIDIA's BERT pretrains with.
+  lr, wd, b1, b2, eps = 1e-2, 0.1, 0.9, 0.999, 1e-6
+  tx, _ = optim.make_optimizer(learning_rate=lr, num_train_steps=10, warmup_steps=0,
+                               weight_decay=wd, clip_norm=None, optimizer="lamb")
+  grads_list = [_grads(i) for i in range(3)]
+  got = _run(tx, grads_list)
+  params = jax.tree.map(lambda p: np.asarray(p, np.float64), _tiny_params())
+  decay = {"dense": {"kernel": True, "bias": False},
+           "layer_norm": {"scale": False, "bias": False}}
+  m = jax.tree.map(np.zeros_like, params)
+  v = jax.tree.map(np.zeros_like, params)
+  for t, grads in enumerate(grads_list, start=1):
+    rate = lr * (1 - (t - 1) / 10)
+    for module in params:
+      for name, p in params[module].items():
+        g = np.asarray(grads[module][name], np.float64)
+        m[module][name] = b1 * m[module][name] + (1 - b1) * g
+        v[module][name] = b2 * v[module][name] + (1 - b2) * g * g
+        step = (m[module][name] / (1 - b1**t)) / (np.sqrt(v[module][name] / (1 - b2**t)) + eps)
+        step = step + (wd * p if decay[module][name] else 0.0)
+        w_norm, s_norm = np.linalg.norm(p), np.linalg.norm(step)
+        trust = w_norm / s_norm if w_norm > 0 and s_norm > 0 else 1.0
+        params[module][name] = p - rate * trust * step
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), got, params)
+  adamw, _ = optim.make_optimizer(learning_rate=lr, num_train_steps=10, warmup_steps=0,
+                                  weight_decay=wd, clip_norm=None)
+  assert not np.allclose(_run(adamw, grads_list)["dense"]["kernel"], got["dense"]["kernel"])
+
+
+def test_unknown_optimizer_is_refused():
+  with pytest.raises(UserError, match="train.optimizer='sgd'; use one of adamw, lamb"):
+    optim.make_optimizer(num_train_steps=10, warmup_steps=0, optimizer="sgd")

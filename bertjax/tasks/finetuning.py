@@ -31,7 +31,7 @@ import ml_collections
 import numpy as np
 from etils import epath
 
-from bertjax import model_files, tokenization, train
+from bertjax import model_files, model_options, tokenization, train
 from bertjax.data.pipeline import FeatureBatches
 from bertjax.errors import UserError
 from bertjax.models.bert import BertConfig
@@ -124,9 +124,8 @@ def load_pretrained(config: ml_collections.ConfigDict, what: str) -> Pretrained:
                     "pretraining workdir or a directory from `python -m bertjax.convert "
                     "--from=hf|tf`.")
   model_dir = model_files.find_model_dir(config.init_checkpoint)
-  bert_config = dataclasses.replace(
-      model_files.load_bert_config(model_dir), dropout_rate=config.model.dropout_rate,
-      attention_dropout_rate=config.model.attention_dropout_rate, dtype=config.model.dtype)
+  bert_config = dataclasses.replace(model_files.load_bert_config(model_dir),
+                                    **model_options.bert_overrides(config.model))
   if config.data.max_seq_length > bert_config.max_position_embeddings:
     raise UserError(f"data.max_seq_length={config.data.max_seq_length} exceeds the model's "
                     f"{bert_config.max_position_embeddings} positions; lower it.")

@@ -27,7 +27,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from bertjax import checkpoint, model_files, tokenization, train
+from bertjax import checkpoint, model_files, model_options, tokenization, train
 from bertjax.data import loader, prepare, sources
 from bertjax.data import pretraining_examples as pe
 from bertjax.errors import UserError
@@ -79,9 +79,8 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> bert.Ber
   m = config.model
   try:
     return bert.bert_config(
-        m.size, vocab_size=vocab_size, hidden_act=m.hidden_act, dtype=m.dtype,
-        dropout_rate=m.dropout_rate, attention_dropout_rate=m.attention_dropout_rate,
-        max_position_embeddings=m.max_position_embeddings)
+        m.size, vocab_size=vocab_size, hidden_act=m.hidden_act,
+        max_position_embeddings=m.max_position_embeddings, **model_options.bert_overrides(m))
   except (KeyError, ValueError) as e:
     raise UserError(f"bad model config: {e}".rstrip(".") + ". Check the config.model fields.") \
         from e

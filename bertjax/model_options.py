@@ -1,0 +1,41 @@
+"""The run's choices for the encoder, from `config.model`: compute dtype, attention path, remat,
+vocabulary padding and dropout, resolved the same way for pretraining and fine-tuning.
+
+`dtype="auto"` (the configs' default) computes in bfloat16 on GPU and TPU and in float32 on CPU,
+where bfloat16 matmuls are emulated and slower; parameters, LayerNorm, the softmax and the loss
+stay float32 either way (`bertjax.models.bert`).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import ml_collections
+
+AUTO = "auto"
+
+
+def resolve_dtype(dtype: str, platform: str | None = None) -> str:
+  """The compute dtype a config's `model.dtype` means on `platform` (default: jax's backend).
+
+  Args:
+    dtype: "auto", "float32" or "bfloat16".
+    platform: "cpu", "gpu" or "tpu"; None = `jax.default_backend()`.
+  Returns:
+    "float32" or "bfloat16" ("auto": bfloat16 on accelerators, float32 on CPU).
+  """
+  if dtype != AUTO:
+    return dtype
+  platform = platform or jax.default_backend()
+  return "float32" if platform == "cpu" else "bfloat16"
+
+
+def bert_overrides(model: ml_collections.ConfigDict) -> dict[str, Any]:
+  """The BertConfig fields a run's `config.model` sets (a pretrained model's bert_config.json
+  gives the rest): dtype (resolved), dropout, attention, remat, pad_vocab_to_multiple. Fields a
+  config lacks (an older config.json) keep BertConfig's defaults."""
+  fields = ("dropout_rate", "attention_dropout_rate", "attention", "remat",
+            "pad_vocab_to_multiple")
+  overrides = {name: model[name] for name in fields if name in model}
+  overrides["dtype"] = resolve_dtype(model.get("dtype", "float32"))
+  return overrides
