@@ -59,10 +59,14 @@ def get_config(arg=None):
   config.data.dupe_factor = 5  # times the corpus is turned into NSP pairs (different pairings)
   config.data.whole_word_masking = False  # mask all pieces of a word together
   config.data.dynamic_masking = True  # fresh masks each epoch (False: one fixed mask per example)
+  config.data.packing = False  # several examples a training row, attention kept within each
+  # (Krell et al. 2021), so little of a row is padding; train.batch_size then counts rows, each
+  # of up to max_sequences_per_row examples. Evaluation is not packed.
+  config.data.max_sequences_per_row = 3  # examples in a packed row at most (as the data's plans)
   config.data.eval_fraction = 0.05  # share of documents held out for evaluation
 
   config.train = ml_collections.ConfigDict()
-  config.train.batch_size = 32  # global batch (all devices, all hosts)
+  config.train.batch_size = 32  # global batch (all devices, all hosts); rows with data.packing
   config.train.eval_batch_size = 128  # global batch for evaluation
   config.train.num_train_steps = 2000  # optimizer updates
   config.train.long_seq_from_step = 0  # first step at data.long_seq_length (if set)

@@ -38,8 +38,9 @@ def prepared(text_file, tmp_path_factory):
 
 
 def _files(directory):
-  """{relative path: bytes} of every shard and of info.json."""
-  paths = glob.glob(os.path.join(directory, "*", "*.array_record"))
+  """{relative path: bytes} of every shard, packing plan and of info.json."""
+  paths = glob.glob(os.path.join(directory, "*", "*.array_record")) + glob.glob(
+      os.path.join(directory, "*", "*.npy"))
   out = {os.path.relpath(p, directory): open(p, "rb").read() for p in paths}
   out["info.json"] = open(os.path.join(directory, "info.json"), "rb").read()
   return out

@@ -34,11 +34,11 @@ def text_file(tmp_path_factory) -> str:
 
 
 def _files(directory) -> dict[str, bytes]:
-  """{path relative to DATA: bytes} of every shard file in DATA."""
+  """{path relative to DATA: bytes} of every shard file and packing plan in DATA."""
   found = {}
   for parent, _, names in os.walk(directory):
     for name in names:
-      if name.endswith(".array_record"):
+      if name.endswith((".array_record", ".npy")):
         path = os.path.join(parent, name)
         with open(path, "rb") as f:
           found[os.path.relpath(path, directory)] = f.read()
@@ -63,7 +63,7 @@ def test_beam_runner_writes_what_local_processes_write(text_file, tmp_path):
     assert infos[0][key] == infos[1][key]
   assert infos[0]["counts"]["documents"] > 0 and len(infos[0]["phases"]) == 2
   files = _files(tmp_path / "A")
-  assert len(files) > 20  # 10 text shards: documents, seq32, seq64, train and held out
+  assert len(files) > 30  # 10 text shards: documents, seq32, seq64, train and held out, plans
   assert files == _files(tmp_path / "B")
 
 

@@ -1,5 +1,6 @@
 """Figures of the pretraining data path: preparation throughput, the training process's peak
-memory as the corpus grows, and the loader's masked examples per second per core.
+memory as the corpus grows, the loader's masked examples per second per core, and how well
+sequence packing fills rows.
 
   python -m bertjax.data.benchmark --text_mb=100,1000 --workers=2 --dir=/tmp/bertjax_data_bench
 
@@ -8,7 +9,9 @@ For each size, the bundled corpus is repeated into DIR/text_NMB.txt, prepared wi
 so that every worker has work) in `--workers` processes, and then
 `python -m bertjax.main --config=configs/tiny.py` trains
 `--steps` steps from it in a child process whose peak resident memory (VmHWM) is printed.
-The loader is timed on one thread (dynamic masking, batches of 256) at 128 and 512 tokens.
+The loader is timed on one thread (dynamic masking, batches of 256) at 128 and 512 tokens,
+unpacked and packed. `--packing_of=DATA` prints only the packing figures of prepared DATA: real
+tokens / slots unpacked and packed, and the examples a packed row holds on average.
 Timings are of this machine: run it on a quiet one.
 """
 from __future__ import annotations
@@ -73,21 +76,37 @@ def training_peak_rss(data: str, workdir: str, steps: int) -> float:
   return peak / 2**20  # KiB -> GiB
 
 
-def loader_throughput(data: str, length: int, seconds: float = 5.0) -> float:
-  """Masked examples per second that one thread makes (read, decode, mask) at `length`."""
+def loader_throughput(data: str, length: int, seconds: float = 5.0,
+                      packing: bool = False) -> float:
+  """Masked examples per second that one thread makes (read, decode, mask, and lay out in rows
+  with packing) at `length`."""
   prepared = loader.PreparedData(data)
   tok = prepared.tokenizer()
   masking = loader.Masking(pe.SpecialTokens.from_tokenizer(tok), 0.15, round(length * 20 / 128),
                            True, 0, None)
-  batches = loader.PairBatches(prepared, length, masking, batch_size=256, threads=1)
-  n = batches.num_examples()
+  batches = loader.PairBatches(prepared, length, masking, batch_size=256, threads=1,
+                               packing=packing)
+  n = batches.num_rows()
   rng = np.random.default_rng(0)
   done, start = 0, time.perf_counter()
   while time.perf_counter() - start < seconds:
     rows = rng.integers(n, size=256)
-    batches._batch("train", rows, np.zeros(256, int))  # pylint: disable=protected-access
-    done += 256
+    if packing:
+      batch = batches._packed_batch(rows, np.zeros(256, int))  # pylint: disable=protected-access
+      done += int(batch["example_weight"].sum())
+    else:
+      batches._batch("train", rows, np.zeros(256, int))  # pylint: disable=protected-access
+      done += 256
   return done / (time.perf_counter() - start)
+
+
+def packing_figures(data: str) -> list[str]:
+  """A line per length of prepared `data` on its packing: examples a row, real tokens / slots
+  unpacked and packed."""
+  info = loader.PreparedData(data).info
+  return [prepare.packing_summary(int(length), phase) if "packs" in phase else
+          f"packing at {length}: no plans (prepared by an older bertjax)"
+          for length, phase in info["phases"].items()]
 
 
 def heldout_overlap(data: str, n: int = 8) -> float:
@@ -117,7 +136,12 @@ def main(argv=None) -> None:
   parser.add_argument("--dir", default="/tmp/bertjax_data_bench")
   parser.add_argument("--overlap_of", default="", help="only print the held-out 8-gram overlap "
                       "of this prepared directory")
+  parser.add_argument("--packing_of", default="", help="only print the packing figures of this "
+                      "prepared directory")
   args = parser.parse_args(argv)
+  if args.packing_of:
+    print(f"{args.packing_of}:", *packing_figures(args.packing_of), sep="\n  ")
+    return
   if args.overlap_of:
     print(f"{args.overlap_of}: {heldout_overlap(args.overlap_of):.1%} of the held-out 8-grams "
           "occur in the training documents")
@@ -136,6 +160,7 @@ def main(argv=None) -> None:
             f"{args.workers} workers: {mb / seconds * 60 / args.workers:.1f} MB of text per "
             f"minute per worker; {info['phases']['128']['examples']:,} examples at 128, "
             f"{info['phases']['512']['examples']:,} at 512")
+    print(*packing_figures(data), sep="\n")
     rss = training_peak_rss(data, os.path.join(args.dir, f"run_{megabytes}MB_{time.time():.0f}"),
                             args.steps)
     print(f"{mb:.0f} MB: peak RSS of the training process {rss:.2f} GiB")
@@ -144,6 +169,8 @@ def main(argv=None) -> None:
     rate = loader_throughput(first, length)
     print(f"loader, seq {length}: {rate:,.0f} masked examples/s on one core "
           f"(5,500 sequences/s, an H100's BERT-base rate at 128, takes {5500 / rate:.1f} cores)")
+    rate = loader_throughput(first, length, packing=True)
+    print(f"loader, seq {length}, packed: {rate:,.0f} masked examples/s on one core")
 
 
 if __name__ == "__main__":

@@ -15,11 +15,19 @@ the same rows on any number of hosts, and a global position (stream elements con
 run resumed on another number of hosts continues exactly. A batch reads only its own records
 (shards.Records), so memory does not grow with the corpus.
 
+Packing (`packing=True`): the stream is the phase's packs (packing.py: plans made at
+preparation) instead of its pairs, one pack a row, read and resumed exactly as pairs are. Each
+pair of a pack is masked as it would be unpacked, then the pairs are laid out one after the other
+in the row (packing.pack_examples), with position_ids, sequence_ids [batch, seq] and
+cls_positions [batch, k]; masked_lm_* become [batch, k * max_predictions], next_sentence_label
+and example_weight [batch, k] (example_weight 0 in empty slots). Evaluation is never packed.
+
 Masks: with dynamic masking, the example of record r is masked in epoch e from a generator
 seeded by (seed, e, r), so masks change every epoch and do not depend on the batch size or the
 host count. With static masking a record keeps the masks stored at preparation, or gets fixed
-ones from (seed, r). Evaluation goes once through the held-out pairs in order with fixed masks,
-in the same per-host slices; the last batch is padded with all-zero rows of weight 0.
+ones from (seed, r). A record has the same masks packed or not (the epoch of a packed record is
+its pack's). Evaluation goes once through the held-out pairs in order with fixed masks, in the
+same per-host slices; the last batch is padded with all-zero rows of weight 0.
 """
 from __future__ import annotations
 
@@ -29,11 +37,12 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from bertjax.data import pipeline, prepare, shards
+from bertjax.data import packing, pipeline, prepare, shards
 from bertjax.data import pretraining_examples as pe
 from bertjax.errors import UserError
 
 BATCH_KEYS = pe.PAIR_KEYS + pe.MASK_KEYS + ("example_weight",)
+PACKED_BATCH_KEYS = BATCH_KEYS + packing.PACKED_KEYS
 _STATIC_MASKS, _DYNAMIC_MASKS, _ORDER = 0, 1, 2  # kinds of seed, so no two draws share one
 
 
@@ -87,6 +96,35 @@ class PreparedData:
           [os.path.join(self.directory, name) for name, _ in listing], [n for _, n in listing])
     return self._sources[key]
 
+  def max_sequences_per_row(self) -> int:
+    """k of the packing plans (the flag's default for data prepared before it existed)."""
+    return int(self.flags.get("max_sequences_per_row",
+                              prepare.Options(input="").max_sequences_per_row))
+
+  def has_packs(self, length: int) -> bool:
+    """Whether the training pairs at `length` have packing plans."""
+    return "packs" in self.info["phases"][str(length)]
+
+  def packs(self, length: int) -> packing.PackPlans:
+    """The packing plans of the training pairs at `length` (opened and checked on first use).
+
+    Raises:
+      UserError: the data has no plans (prepared before packing existed).
+    """
+    key = (length, "packs")
+    if key not in self._sources:
+      if not self.has_packs(length):
+        raise UserError(f"{self.directory} has no packing plans at {length} tokens (it was "
+                        "prepared by an older bertjax); prepare it again (python -m "
+                        "bertjax.data.prepare, into a new directory) to train with "
+                        "data.packing=true, or set data.packing=false.")
+      phase = self.info["phases"][str(length)]
+      self._sources[key] = packing.PackPlans(
+          [os.path.join(self.directory, name) for name, _ in phase["packs"]],
+          [n for _, n in phase["packs"]], [n for _, n in phase["train"]],
+          self.max_sequences_per_row())
+    return self._sources[key]
+
 
 class Masking:
   """How a batch is masked: the rules, the special ids, and the word tables of whole-word
@@ -127,13 +165,15 @@ class PairBatches:
     data: the prepared data.
     length: the phase's sequence length (a length `data` holds).
     masking: how to mask; its max_predictions must equal stored masks' width, if any.
-    batch_size: examples per batch on this host (the global batch is batch_size * hosts).
+    batch_size: rows per batch on this host (the global batch is batch_size * hosts).
     process_index, process_count: this host and the number of hosts.
     threads: threads that read and mask batches ahead of the training step.
+    packing: training rows are packs of pairs (batch_size counts rows); evaluation is not.
   """
 
   def __init__(self, data: PreparedData, length: int, masking: Masking, *, batch_size: int,
-               process_index: int = 0, process_count: int = 1, threads: int = 2):
+               process_index: int = 0, process_count: int = 1, threads: int = 2,
+               packing: bool = False):
     if not 0 <= process_index < process_count:
       raise ValueError(f"process_index {process_index} not in [0, {process_count})")
     if batch_size < 1:
@@ -141,7 +181,7 @@ class PairBatches:
     self.data, self.length, self.masking = data, length, masking
     self.batch_size, self.process_index, self.process_count = batch_size, process_index, \
         process_count
-    self.threads = threads
+    self.threads, self.packing = threads, packing
     self.stored = data.stored_predictions(length)
     if self.stored and masking.dynamic:
       raise UserError(f"{data.directory} holds static masks (prepared with --static_masks=true); "
@@ -160,6 +200,10 @@ class PairBatches:
   def num_examples(self, split: str = "train") -> int:
     return len(self.data.pairs(self.length, split))
 
+  def num_rows(self) -> int:
+    """Training rows of an epoch: the packs with packing, else the pairs."""
+    return len(self.data.packs(self.length)) if self.packing else self.num_examples()
+
   def _batch(self, split: str, records: np.ndarray, epochs: np.ndarray | None
              ) -> dict[str, np.ndarray]:
     """The masked batch of `records` ([n] record indices of `split`)."""
@@ -175,20 +219,36 @@ class PairBatches:
     pairs["example_weight"] = np.ones(len(records), np.float32)
     return {key: pairs[key] for key in BATCH_KEYS}
 
+  def _packed_batch(self, packs: np.ndarray, epochs: np.ndarray) -> dict[str, np.ndarray]:
+    """The packed training batch of `packs` ([n] pack indices) in `epochs` ([n])."""
+    records = self.data.packs(self.length).read(packs)  # [n, k], -1 in empty slots
+    filled = records != packing.EMPTY  # [n, k]
+    epochs = np.broadcast_to(np.asarray(epochs)[:, None], records.shape)
+    examples = self._batch("train", records[filled], epochs[filled])  # [filled, ...] unpacked
+    try:
+      batch = packing.pack_examples(examples, filled)
+    except ValueError as e:
+      raise UserError(f"a packing plan of {self.data.directory} at {self.length} tokens is "
+                      f"damaged ({e}); prepare the data again.") from None
+    return {key: batch[key] for key in PACKED_BATCH_KEYS}
+
   def iterate(self, examples: int = 0) -> Iterator[tuple[dict[str, np.ndarray], int]]:
-    """Training batches without end from global stream position `examples` (0 = the start).
+    """Training batches without end from global stream position `examples` (0 = the start): a
+    stream of pairs, or of packs with packing.
 
     Yields:
       (batch of [batch_size, ...] arrays, the global position after it).
     """
-    n = self.num_examples()
+    n = self.num_rows()
     global_batch = self.batch_size * self.process_count
     if n < global_batch:
-      raise UserError(f"only {n} training examples at {self.length} tokens, fewer than one "
-                      f"global batch of {global_batch}; use a smaller batch size, a larger "
-                      "dupe_factor or more text.")
+      raise UserError(f"only {n} training {'packed rows' if self.packing else 'examples'} "
+                      f"at {self.length} tokens, fewer than one global batch of {global_batch}; "
+                      "use a smaller batch size, a larger dupe_factor or more text.")
+    make = (self._packed_batch if self.packing else
+            lambda rows, epochs: self._batch("train", rows, epochs))
     yield from pipeline.host_batches(
-        n, self.order_seed, examples, lambda rows, epochs: self._batch("train", rows, epochs),
+        n, self.order_seed, examples, make,
         batch_size=self.batch_size, process_index=self.process_index,
         process_count=self.process_count, threads=self.threads)
 

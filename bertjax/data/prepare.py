@@ -15,7 +15,9 @@ the layout):
 * for each --max_seq_length, NSP pairs by google-research/bert's create_pretraining_data rules
   (pretraining_examples.py), `dupe_factor` passes for training and one for the held-out
   documents, a random next segment drawn from the same text shard as the original draws it
-  from the same input file: seq{L}/{train,heldout}; with --static_masks, masked too.
+  from the same input file: seq{L}/{train,heldout}; with --static_masks, masked too;
+* for each length, the plan that packs its training pairs into rows of at most
+  --max_sequences_per_row pairs (packing.py): seq{L}/packs-train (held-out pairs stay unpacked).
 
 The vocabulary is the given one (--vocab: a sentencepiece .model or a WordPiece vocab.txt,
 copied into DATA) or a sentencepiece model trained on training sentences only, from text shards
@@ -43,7 +45,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from bertjax.data import shards, text_shards
+from bertjax.data import packing, shards, text_shards
 from bertjax.errors import UserError
 
 INFO_FILE = "info.json"
@@ -69,6 +71,7 @@ class Options:
   masked_lm_prob: float = 0.15
   whole_word_masking: bool = False
   seed: int = 0
+  max_sequences_per_row: int = 3  # pairs in a packed row at most (packing plans)
   shard_size_mb: float = 64.0  # text per shard (files)
   tfds_feature: str = "text"
   tfds_data_dir: str = ""
@@ -88,7 +91,8 @@ class Options:
                         f"to {length} (the paper: 20 at 128, 80 at 512).")
     if len(set(self.max_seq_length)) != len(self.max_seq_length):
       raise UserError(f"--max_seq_length={_join(self.max_seq_length)} repeats a length.")
-    for name in ("dupe_factor", "vocab_size", "tfds_documents_per_shard"):
+    for name in ("dupe_factor", "vocab_size", "tfds_documents_per_shard",
+                 "max_sequences_per_row"):
       if getattr(self, name) < 1:
         raise UserError(f"--{name}={getattr(self, name)}; use 1 or more.")
     if not 0 <= self.eval_fraction < 1:
@@ -133,7 +137,8 @@ def process_text_shard(output_dir: str, index: int) -> dict:
           if "path" in specs[index] else 0,
           "documents": len(splits["train"]), "heldout_documents": len(splits["heldout"]),
           "sentences": sum(len(d) for d in documents),
-          "tokens": int(sum(len(s) for d in documents for s in d)), "files": {}}
+          "tokens": int(sum(len(s) for d in documents for s in d)), "files": {},
+          "packs": {}}
   for split, docs in splits.items():
     if not docs:
       continue
@@ -142,14 +147,27 @@ def process_text_shard(output_dir: str, index: int) -> dict:
         os.path.join(output_dir, name), (shards.encode_document(d, dtype) for d in docs))
     for phase, length in enumerate(options.max_seq_length):
       name = shards.shard_name(f"seq{length}", split, index, count)
+      lengths: list[int] = []  # [pairs] of the padded row each pair needs
       done["files"][name] = shards.write_shard(
           os.path.join(output_dir, name),
-          _pair_records(docs, split, index, phase, options, tok, dtype))
+          _tapped(_pair_records(docs, split, index, phase, options, tok, dtype), lengths, dtype))
+      if split == "train":
+        packs = packing.plan_packs(np.array(lengths, np.int64), length,
+                                   options.max_sequences_per_row)
+        packing.write_plan(os.path.join(output_dir, packing.plan_name(name)), packs)
+        done["packs"][packing.plan_name(name)] = [len(packs), int(sum(lengths))]
   counts = np.bincount(np.concatenate([s for d in splits["train"] for s in d] or [[]]).astype(
       np.int64), minlength=tok.vocab_size)
   done["token_counts"] = {int(i): int(c) for i, c in enumerate(counts) if c}
   _write_json(os.path.join(output_dir, DONE_DIR, f"{index:05d}.json"), done)
   return done
+
+
+def _tapped(records, lengths: list[int], dtype: np.dtype):
+  """`records` (pair records) as they are, appending each one's row length to `lengths`."""
+  for record in records:
+    lengths.append(packing.pair_length(record, dtype))
+    yield record
 
 
 def shard_documents(options: Options, specs: list[dict], index: int,
@@ -283,9 +301,11 @@ def _check_output_dir(output_dir: str, options: Options) -> dict | None:
     if os.path.exists(path):
       with open(path) as f:
         saved = json.load(f)
-      if saved.get("flags") != options.to_json():
-        differ = [f"{k}={saved['flags'].get(k)!r} (now {v!r})"
-                  for k, v in options.to_json().items() if saved["flags"].get(k) != v]
+      # Flags added since (e.g. max_sequences_per_row) at their defaults.
+      flags = {**Options(input="").to_json(), **saved.get("flags", {})}
+      if flags != options.to_json():
+        differ = [f"{k}={flags.get(k)!r} (now {v!r})"
+                  for k, v in options.to_json().items() if flags.get(k) != v]
         raise UserError(f"{output_dir} holds data prepared with other flags: "
                         f"{', '.join(differ)}; give the same flags to reuse or resume it, or a "
                         "new --output_dir.")
@@ -370,11 +390,28 @@ def _write_info(output_dir: str, plan: dict) -> dict:
       "phases": {str(length): {split: listing(f"seq{length}", split)
                                for split in ("train", "heldout")}
                  for length in options.max_seq_length}}
-  for phase in info["phases"].values():
+  packs = {name: value for d in done for name, value in d.get("packs", {}).items()}
+  for length, phase in info["phases"].items():
     phase["examples"] = sum(n for _, n in phase["train"])
     phase["heldout_examples"] = sum(n for _, n in phase["heldout"])
+    plans = [packing.plan_name(name) for name, _ in phase["train"]]
+    if all(name in packs for name in plans):  # else prepared before packing plans existed
+      tokens = sum(packs[name][1] for name in plans)
+      phase["packs"] = [[name, packs[name][0]] for name in plans]
+      phase["packed_rows"] = sum(packs[name][0] for name in plans)
+      phase["unpacked_efficiency"] = packing.efficiency(tokens, phase["examples"], int(length))
+      phase["packing_efficiency"] = packing.efficiency(tokens, phase["packed_rows"],
+                                                       int(length))
   _write_json(os.path.join(output_dir, INFO_FILE), info)
   return info
+
+
+def packing_summary(length: int, phase: dict) -> str:
+  """One line on the packing of a phase of info.json (that has plans)."""
+  return (f"packing at {length}: {phase['examples']} training examples in "
+          f"{phase['packed_rows']} rows ({phase['examples'] / max(1, phase['packed_rows']):.2f} "
+          f"a row), real tokens / slots {phase['unpacked_efficiency']:.1%} unpacked, "
+          f"{phase['packing_efficiency']:.1%} packed")
 
 
 def vocab_sha256(tok) -> str:
@@ -446,6 +483,8 @@ def _parser() -> argparse.ArgumentParser:
       "masked_lm_prob": "share of tokens masked (static masks)",
       "whole_word_masking": "mask whole words, punctuation apart (static masks; true/false)",
       "seed": "seed of every random choice",
+      "max_sequences_per_row": "pairs in a row at most when training packs them "
+                               "(--config.data.packing); a plan per shard and length",
       "shard_size_mb": "text per shard: the unit of work of one worker",
       "tfds_feature": "the TFDS text feature that holds a document",
       "tfds_data_dir": "where the TFDS dataset was built; empty: TFDS's default",
@@ -482,6 +521,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   print(f"{args.output_dir}: {counts['documents']} + {counts['heldout_documents']} held-out "
         f"documents, {counts['tokens']} tokens, vocabulary {info['vocab']['size']}; "
         f"examples per length {phases}")
+  for length, phase in info["phases"].items():
+    if "packs" in phase:
+      print(packing_summary(int(length), phase))
   return 0
 
 

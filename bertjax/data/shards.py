@@ -6,6 +6,7 @@ A prepared directory (`bertjax.data.prepare` writes it) holds
   vocab.model | vocab.txt                     the vocabulary every shard was tokenized with
   documents/{train,heldout}-SSSSS-of-NNNNN.array_record    tokenized documents
   seq{L}/{train,heldout}-SSSSS-of-NNNNN.array_record       NSP pairs of L tokens (one per phase)
+  seq{L}/packs-train-SSSSS-of-NNNNN.npy       the training pairs' packing plan (packing.py)
 
 Shard SSSSS of NNNNN holds what text shard SSSSS of the input became. Records are flat arrays
 of the token dtype (uint16 for vocabularies up to 65,536 ids, else int32):

@@ -13,6 +13,12 @@ Sequence-length phases: as in the paper, a run can train the first steps at
 `train.long_seq_from_step`; each phase reads its own pairs. The data position stored with each
 checkpoint records the phase and the global stream position, so a resumed run continues in it,
 on any number of hosts.
+
+Packing (`data.packing`, Krell et al. 2021): each training row holds up to
+`data.max_sequences_per_row` pairs, grouped by the plans made at preparation, attention kept
+within each pair (sequence_ids), positions restarting per pair, an NSP label and its own masks
+per pair; the loss and the metrics are the same per example, and batch_size counts rows.
+Evaluation is not packed.
 """
 from __future__ import annotations
 
@@ -47,7 +53,8 @@ def check_config(config: ml_collections.ConfigDict) -> None:
                     "0.15.")
   if not 0 <= data.eval_fraction < 1:
     raise UserError(f"data.eval_fraction={data.eval_fraction}; use a value in [0, 1), e.g. 0.05.")
-  for name in ("max_seq_length", "max_predictions_per_seq", "dupe_factor", "vocab_size"):
+  for name in ("max_seq_length", "max_predictions_per_seq", "dupe_factor", "vocab_size",
+               "max_sequences_per_row"):
     if data[name] < 1:
       raise UserError(f"data.{name}={data[name]}; use 1 or more.")
   for length, name in ((data.max_seq_length, "max_predictions_per_seq"),
@@ -162,7 +169,8 @@ def prepare_options(config: ml_collections.ConfigDict) -> prepare.Options:
       dupe_factor=data.dupe_factor, short_seq_prob=data.short_seq_prob,
       eval_fraction=data.eval_fraction, static_masks=not data.dynamic_masking,
       masked_lm_prob=data.masked_lm_prob, whole_word_masking=data.whole_word_masking,
-      seed=config.seed, tfds_feature=data.tfds_feature, tfds_data_dir=data.tfds_data_dir)
+      seed=config.seed, max_sequences_per_row=data.max_sequences_per_row,
+      tfds_feature=data.tfds_feature, tfds_data_dir=data.tfds_data_dir)
 
 
 def prepared_data(config: ml_collections.ConfigDict, workdir: str) -> loader.PreparedData:
@@ -210,7 +218,8 @@ def _same_vocabulary(path: str, sha256: str) -> bool:
 
 def check_prepared(data: loader.PreparedData, config: ml_collections.ConfigDict) -> None:
   """UserError, before any step, if prepared data cannot serve the run: another vocabulary,
-  no pairs at a sequence length a phase needs, or stored masks of another kind."""
+  no pairs at a sequence length a phase needs, stored masks of another kind, or (packing) no
+  packing plans or plans of another max_sequences_per_row."""
   given = vocabulary(config)
   if given:
     given_tok = tokenization.load_tokenizer(given)
@@ -235,6 +244,26 @@ def check_prepared(data: loader.PreparedData, config: ml_collections.ConfigDict)
       data.flags["static_masks"]:
     raise UserError(f"{data.directory} stores masks made with whole_word_masking="
                     f"{data.flags['whole_word_masking']}; set data.whole_word_masking to match.")
+  if config.data.packing:
+    _check_packs(data, config)
+
+
+def _check_packs(data: loader.PreparedData, config: ml_collections.ConfigDict) -> None:
+  """UserError unless every phase's pairs have packing plans of data.max_sequences_per_row."""
+  again = (f"prepare it again (python -m bertjax.data.prepare into a new directory, "
+           f"--max_sequences_per_row={config.data.max_sequences_per_row})"
+           if config.data.prepared else f"delete {data.directory} and rerun: the text is "
+           "prepared again")
+  for length in (config.data.max_seq_length, config.data.long_seq_length):
+    if length and not data.has_packs(length):
+      raise UserError(f"data.packing=true needs packing plans, which {data.directory} lacks at "
+                      f"{length} tokens (it was prepared by an older bertjax); {again}, or set "
+                      "data.packing=false.")
+  if data.max_sequences_per_row() != config.data.max_sequences_per_row:
+    raise UserError(f"{data.directory} plans packs of at most {data.max_sequences_per_row()} "
+                    f"pairs, not the {config.data.max_sequences_per_row} of "
+                    "data.max_sequences_per_row; set data.max_sequences_per_row="
+                    f"{data.max_sequences_per_row()}, or {again}.")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -245,13 +274,15 @@ def make_terms(baseline_token: int):
   """(outputs, batch) -> the terms of pretraining (`train.Terms`): the paper's objective is the
   sum of the MLM mean (cross-entropy over the real masked positions, masked_lm_weights) and the
   NSP mean (over the examples), with their accuracies and the MLM accuracy of always guessing
-  `baseline_token` (the frequency baseline)."""
+  `baseline_token` (the frequency baseline). Packed batches give the same terms per example:
+  their predictions are [batch, k * P] and their examples [batch, k]."""
 
   def terms(outputs, batch):
-    mlm_logits, nsp_logits = outputs  # [batch, predictions, vocab], [batch, 2]; float32
+    # [batch, predictions, vocab], [batch, 2] ([batch, k, 2] packed); float32
+    mlm_logits, nsp_logits = outputs
     ids, labels = batch["masked_lm_ids"], batch["next_sentence_label"]
     mlm_weight = batch["masked_lm_weights"]  # [batch, predictions]
-    example_weight = batch["example_weight"]  # [batch]
+    example_weight = batch["example_weight"]  # [batch] ([batch, k] packed; 0: empty slot)
     return {
         "mlm_loss": (optax.softmax_cross_entropy_with_integer_labels(mlm_logits, ids),
                      mlm_weight),
@@ -319,26 +350,33 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> train.Task:
   special = pe.SpecialTokens.from_tokenizer(tok)
   word_tables = tok.word_boundary_tables() if data.whole_word_masking else None
 
-  def batches(length: int, max_predictions: int, batch_size: int) -> loader.PairBatches:
+  def batches(length: int, max_predictions: int, batch_size: int,
+              packing: bool = False) -> loader.PairBatches:
     masking = loader.Masking(special, data.masked_lm_prob, max_predictions,
                              data.dynamic_masking, config.seed, word_tables)
     return loader.PairBatches(prepared, length, masking,
                               batch_size=batch_size // jax.process_count(),
                               process_index=jax.process_index(),
-                              process_count=jax.process_count(), threads=data.loader_threads)
+                              process_count=jax.process_count(), threads=data.loader_threads,
+                              packing=packing)
 
-  phases = [batches(data.max_seq_length, data.max_predictions_per_seq, tr.batch_size)]
+  phases = [batches(data.max_seq_length, data.max_predictions_per_seq, tr.batch_size,
+                    data.packing)]
   if data.long_seq_length:
     phases.append(batches(data.long_seq_length, data.long_max_predictions_per_seq,
-                          tr.batch_size))
-  for phase in phases:  # opens every phase's shards: a damaged one is named now
+                          tr.batch_size, data.packing))
+  for phase in phases:  # opens every phase's shards (and plans): a damaged one is named now
     phase.num_examples()
+    phase.num_rows()
   eval_batches = batches(data.max_seq_length, data.max_predictions_per_seq, tr.eval_batch_size)
   num_eval = eval_batches.num_examples("heldout")
   baseline_token = int(prepared.info["most_common_token"])
   bert_config = model_config(config, tok.vocab_size)
-  print(f"pretraining on {prepared.directory}: {phases[0].num_examples()} training examples "
-        f"({phases[0].num_examples() // tr.batch_size} steps per epoch), {num_eval} held-out "
+  rows = phases[0].num_rows()
+  packed = (f" in {rows} packed rows ({phases[0].num_examples() / rows:.2f} a row)"
+            if data.packing else "")
+  print(f"pretraining on {prepared.directory}: {phases[0].num_examples()} training examples"
+        f"{packed} ({rows // tr.batch_size} steps per epoch), {num_eval} held-out "
         f"examples, vocabulary {tok.vocab_size}, frequency baseline token "
         f"{tok.id_to_token(baseline_token)!r}")
   return train.Task(
