@@ -546,12 +546,47 @@ class LoadReport:
       pretraining heads when fine-tuning.
     replaced: parameters under `fresh_on_mismatch` whose saved shape differs from the target's
       (e.g. a classifier for another number of labels); they keep the fresh values too.
+    resized: vocabulary-axis parameters (VOCAB_ROW_PARAMS, also in `loaded`) saved with another
+      number of padding rows (an unpadded checkpoint, or another pad_vocab_to_multiple): their
+      vocab_size real rows were loaded and the model's padding rows set to zero.
   """
   step_dir: str
   loaded: list[str]
   missing: list[str]
   unused: list[str]
   replaced: list[str] = dataclasses.field(default_factory=list)
+  resized: list[str] = dataclasses.field(default_factory=list)
+
+
+# Parameters whose first axis is the vocabulary: [padded_vocab_size, ...] in the model, of which
+# the first vocab_size rows are the tokens and the rest padding that is never looked up or
+# predicted (BertConfig.pad_vocab_to_multiple). Other formats store only the vocab_size rows.
+VOCAB_ROW_PARAMS = ("bert/embeddings/word_embeddings/embedding", "masked_lm/output_bias")
+
+
+def vocab_rows(array: np.ndarray, vocab_size: int, rows: int) -> np.ndarray:
+  """The `vocab_size` real rows of a vocabulary-axis parameter, then zero rows up to `rows`.
+
+  Args:
+    array: [at least vocab_size, ...], e.g. an unpadded [vocab_size, hidden] embedding table or
+      a padded [padded_vocab_size] MLM bias.
+    vocab_size: the number of real rows (BertConfig.vocab_size).
+    rows: the rows wanted: padded_vocab_size to pad, vocab_size to strip (>= vocab_size).
+  Returns:
+    [rows, ...] of array's dtype: array[:vocab_size], then rows - vocab_size rows of zeros.
+  """
+  array = np.asarray(array)
+  if array.shape[0] < vocab_size or rows < vocab_size:
+    raise ValueError(f"{array.shape[0]} rows -> {rows} rows cannot keep {vocab_size} real rows")
+  padding = np.zeros((rows - vocab_size,) + array.shape[1:], array.dtype)
+  return np.concatenate([array[:vocab_size], padding])
+
+
+def _vocab_rows_fit(saved: tuple[int, ...], expected: tuple[int, ...], vocab_size: int) -> bool:
+  """Whether a saved vocabulary-axis parameter holds the model's vocab_size real rows, so that
+  only its padding differs."""
+  return (len(saved) == len(expected) >= 1 and saved[1:] == expected[1:]
+          and min(saved[0], expected[0]) >= vocab_size)
 
 
 def find_step_dir(path: epath.PathLike) -> epath.Path:
@@ -589,11 +624,14 @@ def saved_param_shapes(path: epath.PathLike) -> dict[str, tuple[int, ...]]:
 
 
 def load_params(path: epath.PathLike, target_params: Any,
-                fresh_on_mismatch: Sequence[str] = ()) -> tuple[Any, LoadReport]:
+                fresh_on_mismatch: Sequence[str] = (), *,
+                vocab_size: int | None = None) -> tuple[Any, LoadReport]:
   """Loads the parameters of a saved train state into `target_params` (e.g. `init_checkpoint`).
 
   Only the `params` entry of the saved state is read (orbax partial restore): no optimizer
-  state, step or rng. Parameters are matched by path; shared paths must have equal shapes.
+  state, step or rng. Parameters are matched by path; shared paths must have equal shapes, but
+  for the padding rows of the vocabulary-axis parameters (VOCAB_ROW_PARAMS) when `vocab_size`
+  is given.
 
   Args:
     path: a workdir, its checkpoints/ directory, or one step directory.
@@ -602,6 +640,11 @@ def load_params(path: epath.PathLike, target_params: Any,
       dtype and sharding.
     fresh_on_mismatch: path prefixes (e.g. "sequence_classification/", a task head) whose
       parameters keep their fresh values when the saved shape differs, instead of raising.
+    vocab_size: the model's real vocabulary size (BertConfig.vocab_size). When given, a
+      vocabulary-axis parameter saved with another number of rows, at least vocab_size (an
+      unpadded checkpoint, or another pad_vocab_to_multiple), is adapted: its first vocab_size
+      rows are loaded and the target's padding rows are zeros (`LoadReport.resized`). Fewer
+      rows than vocab_size (another vocabulary) differ like any other shape.
   Returns:
     (params: the structure of `target_params`, with every parameter the checkpoint has
      replaced by the saved value, LoadReport).
@@ -613,7 +656,11 @@ def load_params(path: epath.PathLike, target_params: Any,
   flat_target = traverse_util.flatten_dict(target_params, sep="/")
   expected = {p: tuple(x.shape) for p, x in flat_target.items()}
 
-  differing = sorted(p for p in saved.keys() & expected.keys() if saved[p] != expected[p])
+  resized = sorted(p for p in VOCAB_ROW_PARAMS if vocab_size is not None and p in saved
+                   and p in expected and saved[p] != expected[p]
+                   and _vocab_rows_fit(saved[p], expected[p], vocab_size))
+  differing = sorted(p for p in saved.keys() & expected.keys()
+                     if saved[p] != expected[p] and p not in resized)
   replaced = [p for p in differing if p.startswith(tuple(fresh_on_mismatch))]
   mismatched = [f"{p}: {saved[p]} in the checkpoint, {expected[p]} in the model"
                 for p in differing if p not in replaced]
@@ -626,21 +673,36 @@ def load_params(path: epath.PathLike, target_params: Any,
   missing = sorted(expected.keys() - saved.keys())
   unused = sorted(saved.keys() - expected.keys())
   report = LoadReport(step_dir=str(step_dir), loaded=loaded, missing=missing, unused=unused,
-                      replaced=replaced)
+                      replaced=replaced, resized=resized)
   if not loaded:
     return target_params, report
 
-  def abstract(x):
+  def abstract(p):
+    x = flat_target[p]
+    if p in resized:  # read whole onto one device here, then padded or stripped below
+      return jax.ShapeDtypeStruct(saved[p], x.dtype)
     return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None))
 
   item = {"params": _with_sharding(traverse_util.unflatten_dict(
-      {p: abstract(flat_target[p]) for p in loaded}, sep="/"))}
+      {p: abstract(p) for p in loaded}, sep="/"))}
   restored = ocp.PyTreeCheckpointer().restore(
       step_dir / STATE_ITEM,
       args=ocp.args.PyTreeRestore(item=item,
                                   restore_args=ocp.checkpoint_utils.construct_restore_args(item),
                                   partial_restore=True))
   flat_restored = traverse_util.flatten_dict(restored["params"], sep="/")
+  for p in resized:
+    flat_restored[p] = _placed_like(
+        vocab_rows(np.asarray(flat_restored[p]), vocab_size, expected[p][0]), flat_target[p])
   params = traverse_util.unflatten_dict(
       {p: flat_restored.get(p, x) for p, x in flat_target.items()}, sep="/")
   return params, report
+
+
+def _placed_like(value: np.ndarray, target: Any) -> jax.Array:
+  """A host array (the same on every host) as a jax.Array with the dtype and sharding of
+  `target` (a jax.Array or a ShapeDtypeStruct; the first local device without a sharding)."""
+  value = value.astype(target.dtype)
+  sharding = getattr(target, "sharding", None) or jax.sharding.SingleDeviceSharding(
+      jax.local_devices()[0])
+  return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])

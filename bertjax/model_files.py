@@ -1,6 +1,8 @@
 """A model directory: what makes a checkpoint a model others can start from.
 
-  DIR/bert_config.json   the BertConfig fields (bertjax's names), as JSON
+  DIR/bert_config.json   the BertConfig fields (bertjax's names) that describe the weights, as
+                         JSON; vocab_size is the real vocabulary, pad_vocab_to_multiple gives
+                         the rows of the saved embedding table and MLM bias
   DIR/checkpoints/       orbax checkpoints (bertjax.checkpoint); `params` holds the weights
   DIR/vocab.txt or DIR/vocab.model, DIR/tokenizer_config.json, ...   the tokenizer
 
@@ -28,13 +30,25 @@ TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json",
                    "special_tokens_map.json", "vocab.model")
 
 
+# BertConfig fields that are how a run computes, not what the model is: they change no
+# parameter, so bert_config.json leaves them out and a run that starts from the model takes them
+# from its own config (`model_options.bert_overrides`).
+RUN_CHOICES = ("attention", "remat")
+
+
 def bert_config_json(config: BertConfig) -> str:
-  """The text of bert_config.json for `config`."""
-  return json.dumps(dataclasses.asdict(config), indent=2) + "\n"
+  """The text of bert_config.json for `config`: every field but RUN_CHOICES."""
+  fields = {k: v for k, v in dataclasses.asdict(config).items() if k not in RUN_CHOICES}
+  return json.dumps(fields, indent=2) + "\n"
 
 
 def load_bert_config(directory: str) -> BertConfig:
-  """DIRECTORY/bert_config.json -> BertConfig."""
+  """DIRECTORY/bert_config.json -> BertConfig.
+
+  RUN_CHOICES found there are ignored (BertConfig's defaults; the run sets its own). A file
+  without pad_vocab_to_multiple (written before bertjax padded the vocabulary) gets BertConfig's
+  default; `checkpoint.load_params(..., vocab_size=...)` pads its unpadded weights on load.
+  """
   path = os.path.join(directory, BERT_CONFIG_FILE)
   if not os.path.isfile(path):
     raise UserError(f"no {BERT_CONFIG_FILE} in {directory}; give a directory written by "
@@ -42,8 +56,10 @@ def load_bert_config(directory: str) -> BertConfig:
                     "fields there as JSON).")
   with open(path, encoding="utf-8") as f:
     fields = json.load(f)
+  if not isinstance(fields, dict):
+    raise UserError(f"{path} is not a JSON object of BertConfig fields; fix or rewrite it.")
   try:
-    return BertConfig(**fields)
+    return BertConfig(**{k: v for k, v in fields.items() if k not in RUN_CHOICES})
   except (TypeError, ValueError) as e:
     raise UserError(f"{path} is not a valid BertConfig ({e}); fix or rewrite it.") from None
 

@@ -208,9 +208,52 @@ def param_shardings(boxed_abstract_params: Any, mesh: Mesh) -> Any:
     boxed_abstract_params: the params tree from `jax.eval_shape(model.init, ...)`, still boxed.
   Returns:
     a tree of NamedSharding with the structure of the unboxed params.
+  Raises:
+    UserError: a split dimension that its mesh axes do not divide (`check_divisible`).
   """
   specs = nn.get_partition_spec(boxed_abstract_params)
-  return nn.logical_to_mesh_sharding(specs, mesh, LOGICAL_RULES)
+  shardings = nn.logical_to_mesh_sharding(specs, mesh, LOGICAL_RULES)
+  check_divisible(nn.unbox(boxed_abstract_params), specs, shardings)
+  return shardings
+
+
+def check_divisible(abstract_params: Any, logical_specs: Any, shardings: Any) -> None:
+  """Fails clearly, before anything is compiled, where a parameter's dimension does not split
+  evenly over the mesh axes its logical axis maps to (jit would raise a bare IndivisibleError).
+
+  Args:
+    abstract_params: the unboxed params (arrays or ShapeDtypeStructs).
+    logical_specs: their PartitionSpecs of logical axis names (`nn.get_partition_spec`).
+    shardings: their NamedShardings (`nn.logical_to_mesh_sharding`).
+  Raises:
+    UserError: naming each such parameter, its size, the mesh axis and the fix.
+  """
+  is_spec = lambda x: isinstance(x, P)
+  flat_params = jax.tree_util.tree_flatten_with_path(abstract_params)[0]
+  flat_specs = jax.tree_util.tree_leaves(logical_specs, is_leaf=is_spec)
+  flat_shardings = jax.tree_util.tree_leaves(shardings)
+  problems = []
+  for (path, leaf), logical, sharding in zip(flat_params, flat_specs, flat_shardings):
+    name = "/".join(str(getattr(k, "key", k)) for k in path)
+    for dim, (size, axes) in enumerate(zip(leaf.shape, sharding.spec)):
+      axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
+      split = int(np.prod([sharding.mesh.shape[a] for a in axes]))
+      if size % split == 0:
+        continue
+      axis = logical[dim] if dim < len(logical) else None
+      where = " x ".join(f"'{a}'={sharding.mesh.shape[a]}" for a in axes)
+      if axis == "vocab":
+        fix = (f"set --config.model.pad_vocab_to_multiple to a multiple of {split} (e.g. "
+               f"{np.lcm(128, split)}) so that the vocabulary rows are padded to divide")
+      else:
+        fix = (f"set --config.mesh.{axes[0]} to a divisor of {size}, or use a model size that "
+               f"the mesh divides")
+      problems.append(f"parameter {name} {tuple(leaf.shape)}: its '{axis}' dimension of {size} "
+                      f"does not split over mesh axis {where}; {fix}")
+  if problems:
+    more = f"; and {len(problems) - 4} more" if len(problems) > 4 else ""
+    raise UserError(f"parameters that do not divide over the mesh ({len(problems)}): "
+                    + "; ".join(problems[:4]) + more + ".")
 
 
 def optimizer_state_shardings(tx: optax.GradientTransformation, abstract_params: Any,

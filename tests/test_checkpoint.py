@@ -194,6 +194,60 @@ def test_load_params_shape_mismatch_and_bad_paths(tmp_path):
     checkpoint.load_params(tmp_path / "empty", _state()["params"])
 
 
+_EMBEDDING, _BIAS = checkpoint.VOCAB_ROW_PARAMS  # [rows, hidden], [rows]
+
+
+def _vocab_params(rows, seed=0, hidden=3):
+  """A word-embedding table [rows, hidden], an MLM bias [rows] and a dense kernel, every entry
+  non-zero (padding rows too, as a trained model's may be)."""
+  rng = np.random.default_rng(seed)
+  value = lambda *shape: jnp.asarray(rng.uniform(1, 2, shape), jnp.float32)
+  return {"bert": {"embeddings": {"word_embeddings": {"embedding": value(rows, hidden)}}},
+          "masked_lm": {"output_bias": value(rows)}, "dense": {"kernel": value(hidden, 2)}}
+
+
+@pytest.mark.parametrize("saved_rows", [11, 12, 32], ids=["unpadded", "padded-4", "padded-32"])
+def test_load_params_pads_or_strips_the_vocabulary_rows(tmp_path, saved_rows):
+  """A vocabulary of 11 tokens saved with 11, 12 or 32 rows loads into a model padded to 16: the
+  11 real rows are copied and the model's padding rows are zeros."""
+  saved = _vocab_params(saved_rows, seed=1)
+  _save(tmp_path / "checkpoints", [1], state={"step": jnp.int32(1), "params": saved})
+  target = _vocab_params(16, seed=2)
+  params, report = checkpoint.load_params(tmp_path, target, vocab_size=11)
+  assert report.resized == [_EMBEDDING, _BIAS]
+  assert report.loaded == sorted([_EMBEDDING, _BIAS, "dense/kernel"]) and report.replaced == []
+  for path in (_EMBEDDING, _BIAS):
+    value, original = _flat(params)[path], np.asarray(_flat(saved)[path])
+    assert value.shape[0] == 16 and value.dtype == jnp.float32
+    np.testing.assert_array_equal(value[:11], original[:11])
+    assert not np.asarray(value[11:]).any()
+  np.testing.assert_array_equal(params["dense"]["kernel"], saved["dense"]["kernel"])
+
+
+def test_load_params_other_vocabulary_is_still_a_mismatch(tmp_path):
+  """Rows fewer than vocab_size (another vocabulary), another hidden size, or no vocab_size
+  given: the shapes differ as before (an error, or fresh values under fresh_on_mismatch)."""
+  _save(tmp_path / "checkpoints", [1], state={"step": jnp.int32(1),
+                                               "params": _vocab_params(10, seed=1)})
+  target = _vocab_params(16, seed=2)
+  with pytest.raises(UserError, match=r"word_embeddings/embedding: \(10, 3\) in the checkpoint, "
+                     r"\(16, 3\) in the model"):
+    checkpoint.load_params(tmp_path, target, vocab_size=11)
+  params, report = checkpoint.load_params(tmp_path, target, ("bert/", "masked_lm/"),
+                                          vocab_size=11)
+  assert report.replaced == [_EMBEDDING, _BIAS] and report.resized == []
+  _assert_trees_equal(params["masked_lm"], target["masked_lm"])
+  with pytest.raises(UserError, match=r"output_bias: \(10,\) in the checkpoint, \(16,\)"):
+    checkpoint.load_params(tmp_path, target)  # no vocab_size: rows must match
+  with pytest.raises(UserError, match=r"word_embeddings/embedding: \(10, 3\) in the checkpoint, "
+                     r"\(16, 4\) in the model"):
+    checkpoint.load_params(tmp_path, _vocab_params(16, hidden=4), vocab_size=10)
+
+
+def _flat(tree):
+  return {checkpoint.path_str(p): x for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
 _TWO_DEVICES = textwrap.dedent("""
     import sys
     import jax, jax.numpy as jnp, numpy as np
@@ -215,6 +269,16 @@ _TWO_DEVICES = textwrap.dedent("""
     assert position == {"index": 1}
     params, report = checkpoint.load_params(sys.argv[1], {"w": jnp.zeros((4, 2))})
     np.testing.assert_array_equal(params["w"], value)
+    # Vocabulary rows padded on load (3 real rows of 4 saved -> 6) keep the target's sharding.
+    bias = {"masked_lm": {"output_bias": np.arange(1, 5, dtype=np.float32)}}
+    with checkpoint.Checkpoints(sys.argv[2], save_every_steps=1, keep=1) as checkpoints:
+      checkpoints.save(1, {"params": bias, "step": jnp.int32(1)}, None)
+    split = NamedSharding(mesh, P("data"))
+    target = {"masked_lm": {"output_bias": jax.device_put(np.ones(6, np.float32), split)}}
+    params, report = checkpoint.load_params(sys.argv[2], target, vocab_size=3)
+    loaded = params["masked_lm"]["output_bias"]
+    assert report.resized == ["masked_lm/output_bias"] and loaded.sharding == split
+    np.testing.assert_array_equal(loaded, [1, 2, 3, 0, 0, 0])
     print("OK")
 """)
 
@@ -224,6 +288,7 @@ def test_save_sharded_restore_resharded_on_two_devices(tmp_path):
              JAX_PLATFORMS="cpu")
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
-  result = subprocess.run([sys.executable, "-c", _TWO_DEVICES, str(tmp_path / "checkpoints")],
+  result = subprocess.run([sys.executable, "-c", _TWO_DEVICES, str(tmp_path / "checkpoints"),
+                           str(tmp_path / "vocab")],
                           env=env, capture_output=True, text=True, timeout=120)
   assert result.returncode == 0 and "OK" in result.stdout, result.stderr[-3000:]

@@ -4,6 +4,7 @@ Small randomly initialised transformers models are saved to temporary directorie
 and run side by side on the same padded segment-pair batch: every hidden state, the pooler, the
 MLM and NSP logits agree within ATOL (float32, eval mode / deterministic=True).
 """
+import dataclasses
 import json
 import os
 import subprocess
@@ -31,9 +32,9 @@ MASK_ID = 4  # any id; the random model has no real [MASK]
 
 
 def _hf_config(**overrides):
-  return transformers.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
-                                 num_attention_heads=4, intermediate_size=37,
-                                 max_position_embeddings=64, **overrides)
+  return transformers.BertConfig(**{**dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
+                                           num_attention_heads=4, intermediate_size=37,
+                                           max_position_embeddings=64), **overrides})
 
 
 def _save_hf(cls, directory, seed=0, **config_overrides):
@@ -73,6 +74,15 @@ def _torch_out(model, ids, segments, mask):
 
 def _close(ours, theirs):
   np.testing.assert_allclose(np.asarray(ours), theirs.detach().numpy(), rtol=0, atol=ATOL)
+
+
+def _close_mlm(ours, theirs, config):
+  """bertjax's MLM logits [..., padded_vocab_size] = transformers' [..., vocab_size] within ATOL
+  on the real columns; the padding columns are float32 min (never predicted)."""
+  ours = np.asarray(ours)
+  assert ours.shape == tuple(theirs.shape[:-1]) + (config.padded_vocab_size,)
+  assert (ours[..., config.vocab_size:] == np.finfo(np.float32).min).all()
+  _close(ours[..., :config.vocab_size], theirs)
 
 
 def _assert_encoder_parity(params, config, torch_out, batch, pooler=True):
@@ -171,7 +181,7 @@ def test_pretraining_parity(pretraining):
   _assert_encoder_parity(params, config, _torch_out(model.bert, *batch), batch)
   mlm, nsp = heads.BertForPreTraining(config).apply({"params": params}, *batch,
                                                     deterministic=True)
-  _close(mlm, theirs.prediction_logits)
+  _close_mlm(mlm, theirs.prediction_logits, config)
   _close(nsp, theirs.seq_relationship_logits)
 
 
@@ -186,7 +196,7 @@ def test_pretraining_top5_at_masked_positions(pretraining):
                                                   positions, deterministic=True)
   theirs = np.take_along_axis(_torch_out(model, ids, segments, mask).prediction_logits.numpy(),
                               positions[..., None], 1)  # [batch, positions, vocab]
-  np.testing.assert_allclose(np.asarray(mlm), theirs, rtol=0, atol=ATOL)
+  _close_mlm(mlm, torch.tensor(theirs), config)  # [batch, positions, padded vocab]
   top5 = lambda x: np.argsort(-np.asarray(x), axis=-1, kind="stable")[..., :5]
   np.testing.assert_array_equal(top5(mlm), top5(theirs))
 
@@ -203,7 +213,7 @@ def test_masked_lm_parity_reports_nsp_and_pooler_missing(tmp_path):
   theirs = _torch_out(model, *batch)
   _assert_encoder_parity(full, config, theirs, batch, pooler=False)
   mlm, _ = heads.BertForPreTraining(config).apply({"params": full}, *batch, deterministic=True)
-  _close(mlm, theirs.logits)
+  _close_mlm(mlm, theirs.logits, config)
 
 
 # (transformers class, num_labels, bertjax model class, the bertjax head's name).
@@ -393,6 +403,107 @@ def test_round_trip_bertjax_hf_bertjax():
   back, report = hf.from_hf(tensors, config)
   _assert_trees_equal(back, params)
   assert report.missing == [] and report.ignored == [] and report.task is None
+
+
+ODD_VOCAB = 1001  # odd like BERT's 30522: no pad multiple divides it
+
+
+@pytest.fixture(scope="module")
+def odd_vocab(tmp_path_factory):
+  """A BertForPreTraining with 1001 tokens whose MLM bias is random (transformers starts it at
+  zero), saved; and its tensors."""
+  torch.manual_seed(8)
+  model = transformers.BertForPreTraining(_hf_config(vocab_size=ODD_VOCAB)).eval()
+  with torch.no_grad():
+    model.cls.predictions.bias.normal_()
+  directory = str(tmp_path_factory.mktemp("odd_vocab"))
+  model.save_pretrained(directory)
+  return directory, hf_files.load_hf_state_dict(directory)
+
+
+@pytest.mark.parametrize("multiple,rows", [(128, 1024), (8, 1008), (1, 1001)])
+def test_odd_vocab_pads_on_import_and_strips_on_export(odd_vocab, multiple, rows):
+  """The word embeddings and the MLM bias gain zero rows up to padded_vocab_size on import and
+  lose them on export: the round trip gives back every tensor bitwise."""
+  directory, state = odd_vocab
+  config = dataclasses.replace(
+      hf_files.hf_config_to_bert_config(hf_files.load_hf_config(directory)),
+      pad_vocab_to_multiple=multiple)
+  assert (config.vocab_size, config.padded_vocab_size) == (ODD_VOCAB, rows)
+  params, _ = hf.from_hf(state, config)
+  for path, name in (("bert/embeddings/word_embeddings/embedding",
+                      "bert.embeddings.word_embeddings.weight"),
+                     ("masked_lm/output_bias", "cls.predictions.bias")):
+    padded = _flat(params)[path]
+    assert padded.shape[0] == rows
+    np.testing.assert_array_equal(padded[:ODD_VOCAB], state[name])
+    assert not padded[ODD_VOCAB:].any()
+  back = hf.to_hf(params, config)
+  assert sorted(back) == sorted(state)
+  for name in state:
+    assert back[name].dtype == state[name].dtype
+    np.testing.assert_array_equal(back[name], state[name], err_msg=name)
+
+
+def test_odd_vocab_round_trips_through_the_cli(tmp_path, odd_vocab):
+  """--from=hf writes padded weights and a bert_config.json with the real vocab_size and the
+  pad multiple; --to=hf writes config.json with the real vocab_size and the tensors bitwise."""
+  directory, state = odd_vocab
+  out, back = tmp_path / "out", tmp_path / "back"
+  cli.from_hf_dir(directory, str(out))
+  saved = json.loads((out / "bert_config.json").read_text())
+  assert (saved["vocab_size"], saved["pad_vocab_to_multiple"]) == (ODD_VOCAB, 128)
+  shapes = checkpoint.saved_param_shapes(str(out))
+  assert shapes["bert/embeddings/word_embeddings/embedding"] == (1024, 32)
+  assert shapes["masked_lm/output_bias"] == (1024,)
+  assert cli.to_hf_dir(str(out), str(back)) == "BertForPreTraining"
+  assert json.loads((back / "config.json").read_text())["vocab_size"] == ODD_VOCAB
+  exported = hf_files.load_hf_state_dict(str(back))
+  assert sorted(exported) == sorted(state)
+  for name in state:
+    np.testing.assert_array_equal(exported[name], state[name], err_msg=name)
+
+
+def test_unpadded_bertjax_checkpoint_exports(tmp_path, odd_vocab):
+  """A model directory saved before bertjax padded the vocabulary (1001 rows, no
+  pad_vocab_to_multiple in bert_config.json) reads padded to 1024 rows and exports bitwise."""
+  directory, state = odd_vocab
+  unpadded = dataclasses.replace(
+      hf_files.hf_config_to_bert_config(hf_files.load_hf_config(directory)),
+      pad_vocab_to_multiple=1)
+  params, _ = hf.from_hf(state, unpadded)
+  model_files.save_model_dir(str(tmp_path / "old"), params, unpadded)
+  old_json = json.loads((tmp_path / "old" / "bert_config.json").read_text())
+  del old_json["pad_vocab_to_multiple"]
+  (tmp_path / "old" / "bert_config.json").write_text(json.dumps(old_json))
+
+  loaded, config = hf.load_bertjax_checkpoint(str(tmp_path / "old"))
+  assert config.pad_vocab_to_multiple == 128 and config.vocab_size == ODD_VOCAB
+  embedding = loaded["bert"]["embeddings"]["word_embeddings"]["embedding"]
+  assert embedding.shape == (1024, 32) and not embedding[ODD_VOCAB:].any()
+  cli.to_hf_dir(str(tmp_path / "old"), str(tmp_path / "back"))
+  exported = hf_files.load_hf_state_dict(str(tmp_path / "back"))
+  for name in state:
+    np.testing.assert_array_equal(exported[name], state[name], err_msg=name)
+
+
+def test_bert_config_json_keeps_the_model_not_the_run(tmp_path):
+  """bert_config.json records pad_vocab_to_multiple (it shapes the weights) but not attention
+  or remat (how a run computes); reading ignores those, and a file without the pad multiple
+  (Google's fields, an older bertjax) gets BertConfig's default."""
+  config = bert.BertConfig(vocab_size=ODD_VOCAB, hidden_size=32, num_layers=2, num_heads=4,
+                           intermediate_size=37, attention="xla", attention_dropout_rate=0.0,
+                           remat="full", pad_vocab_to_multiple=64)
+  written = json.loads(model_files.bert_config_json(config))
+  assert "attention" not in written and "remat" not in written
+  assert (written["vocab_size"], written["pad_vocab_to_multiple"]) == (ODD_VOCAB, 64)
+  (tmp_path / "bert_config.json").write_text(json.dumps(
+      {**written, "attention": "splash", "remat": "dots"}))  # as a run's own choices were once
+  assert model_files.load_bert_config(str(tmp_path)) == dataclasses.replace(
+      config, attention="reference", remat="none")
+  del written["pad_vocab_to_multiple"]
+  (tmp_path / "bert_config.json").write_text(json.dumps(written))
+  assert model_files.load_bert_config(str(tmp_path)).pad_vocab_to_multiple == 128
 
 
 def test_every_bertjax_parameter_has_a_rule():

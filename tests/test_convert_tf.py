@@ -180,8 +180,9 @@ def test_cli_converts_with_parity(tmp_path, release, model, capsys):
   _close(enc.pooled_output, pooled)
   mlm, nsp = heads.BertForPreTraining(config).apply({"params": params}, *batch,
                                                     deterministic=True)
-  assert mlm.shape == (3, 12, VOCAB)  # every position
-  _close(mlm, theirs.prediction_logits)
+  assert mlm.shape == (3, 12, config.padded_vocab_size)  # every position, 99 -> 128 columns
+  assert (np.asarray(mlm)[..., VOCAB:] == np.finfo(np.float32).min).all()  # never predicted
+  _close(mlm[..., :VOCAB], theirs.prediction_logits)
   _close(nsp, theirs.seq_relationship_logits)
 
 
@@ -342,6 +343,22 @@ def test_to_hf_names_match_transformers(model, variables, config):
   assert sorted(state) == sorted(theirs)
   for name, x in state.items():
     np.testing.assert_array_equal(x, theirs[name], err_msg=name)
+
+
+def test_round_trip_google_bertjax_hf(variables, config):
+  """Google's 99-row word embeddings and MLM bias gain zero rows up to 128 on import and lose
+  them on export: every tensor comes back bitwise, under Hugging Face's names."""
+  params, _ = tf_convert.from_tf(variables, config)
+  embedding = params["bert"]["embeddings"]["word_embeddings"]["embedding"]
+  assert embedding.shape == (config.padded_vocab_size, 32) == (128, 32)
+  assert not embedding[VOCAB:].any() and not params["masked_lm"]["output_bias"][VOCAB:].any()
+  state = tf_convert.to_hf_state_dict(variables, config)
+  back = hf.to_hf(params, config)
+  assert sorted(back) == sorted(state)
+  for name, x in state.items():
+    np.testing.assert_array_equal(back[name], x, err_msg=name)
+  np.testing.assert_array_equal(back["bert.embeddings.word_embeddings.weight"],
+                                variables["bert/embeddings/word_embeddings"])
 
 
 def test_bare_encoder_reports_heads_missing(variables, config):

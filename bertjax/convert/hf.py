@@ -29,6 +29,10 @@ What is converted (`from_hf`):
     `architectures`, its number of labels from `id2label` (or `num_labels`). The pretraining
     heads such a checkpoint lacks are reported `missing`, as above.
   - the `position_ids` / `token_type_ids` buffers some checkpoints carry are ignored.
+  - the vocabulary axis: Hugging Face stores vocab_size rows of the word embeddings and of the
+    MLM bias; bertjax's have padded_vocab_size rows (BertConfig.pad_vocab_to_multiple), so
+    `from_hf` appends zero rows and `to_hf` keeps the first vocab_size rows: a checkpoint
+    round-trips exactly, and config.json keeps the real vocab_size.
 Any other tensor, any encoder parameter left unfilled, a group filled only in part, and any shape
 mismatch raise one UserError that names each of them.
 
@@ -48,7 +52,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
-from bertjax import model_files
+from bertjax import checkpoint, model_files
 from bertjax.errors import UserError
 from bertjax.models import heads
 from bertjax.models.bert import BertConfig
@@ -209,7 +213,8 @@ def _shapes(model: nn.Module, ids: jax.Array) -> dict[str, tuple[int, ...]]:
 def expected_shapes(config: BertConfig, task: str | None = None,
                     num_labels: int = 2) -> dict[str, tuple[int, ...]]:
   """{path: shape} of every parameter of bertjax's BertForPreTraining, plus those of the head of
-  `task` (an architecture in TASK_HEADS) with `num_labels` when given (no arrays built)."""
+  `task` (an architecture in TASK_HEADS) with `num_labels` when given (no arrays built). The
+  vocabulary-axis parameters (checkpoint.VOCAB_ROW_PARAMS) have padded_vocab_size rows."""
   shapes = _shapes(heads.BertForPreTraining(config), jnp.zeros((1, 2), jnp.int32))
   if task:
     head = TASK_HEADS[task]
@@ -221,6 +226,12 @@ def expected_shapes(config: BertConfig, task: str | None = None,
 def _group(path: str, task: str | None) -> str:
   groups = OPTIONAL_GROUPS + ((TASK_HEADS[task].name + "/",) if task else ())
   return next((g for g in groups if path.startswith(g)), REQUIRED_GROUP)
+
+
+def _hf_shape(path: str, shape: tuple[int, ...], config: BertConfig) -> tuple[int, ...]:
+  """The shape that a bertjax parameter of `shape` has in Hugging Face's layout, before the
+  transpose: the vocabulary-axis parameters have vocab_size rows there, not padded_vocab_size."""
+  return (config.vocab_size,) + shape[1:] if path in checkpoint.VOCAB_ROW_PARAMS else shape
 
 
 def _hf_rule(name: str, patterns: list[tuple[re.Pattern, str, str]]) -> tuple[str, str] | None:
@@ -247,7 +258,8 @@ def from_hf(state_dict: dict[str, np.ndarray], config: BertConfig, task: str | N
     num_labels: the task head's number of labels (`hf_files.hf_task`).
   Returns:
     (params: nested dict of float32 numpy arrays in the layout of BertForPreTraining's "params"
-     plus the task head, without the groups the checkpoint lacks; report).
+     plus the task head, without the groups the checkpoint lacks, the word embeddings and the
+     MLM bias padded with zero rows to padded_vocab_size; report).
   Raises:
     UserError: naming every unmapped tensor, shape mismatch, unfilled encoder parameter, partly
       filled group, and untied decoder.
@@ -292,9 +304,10 @@ def from_hf(state_dict: dict[str, np.ndarray], config: BertConfig, task: str | N
       problems.append(f"{name} and {sources[path]} both map to {path}")
       continue
     value = _TRANSFORMS[transform](array).astype(np.float32)
-    if value.shape != expected[path]:
+    wanted = _hf_shape(path, expected[path], config)  # padded below, once all is checked
+    if value.shape != wanted:
       problems.append(f"{name} {array.shape} -> {path} {value.shape} ({transform}), the model "
-                      f"expects {expected[path]}")
+                      f"expects {wanted}")
       continue
     flat[path], sources[path] = np.ascontiguousarray(value), name
 
@@ -328,6 +341,9 @@ def from_hf(state_dict: dict[str, np.ndarray], config: BertConfig, task: str | N
         f"cannot convert the Hugging Face checkpoint ({len(problems)} problems): "
         f"{_listing(problems)}. Check that config.json belongs to these weights and that they "
         "are a BERT (BertModel, BertForPreTraining, BertForMaskedLM or a BERT task model).")
+  for path in checkpoint.VOCAB_ROW_PARAMS:
+    if path in flat:  # [vocab_size, ...] -> [padded_vocab_size, ...], zero padding rows
+      flat[path] = checkpoint.vocab_rows(flat[path], config.vocab_size, expected[path][0])
   report = ConversionReport(loaded=sorted(flat), missing=missing, ignored=ignored, task=task)
   return traverse_util.unflatten_dict(flat, sep="/"), report
 
@@ -358,7 +374,8 @@ def to_hf(params: dict[str, Any], config: BertConfig) -> dict[str, np.ndarray]:
     config: the model's BertConfig.
   Returns:
     {name: float32 contiguous numpy array}: 'bert.*', 'cls.*' and the task head's names; no tied
-    decoder.
+    decoder. The word embeddings and the MLM bias keep their vocab_size real rows (the padding
+    rows are dropped).
   Raises:
     UserError: a parameter no rule maps, a wrong shape, or a missing encoder parameter.
   """
@@ -376,6 +393,8 @@ def to_hf(params: dict[str, Any], config: BertConfig) -> dict[str, np.ndarray]:
     if value.shape != expected[path]:
       problems.append(f"{path} {value.shape}, the config expects {expected[path]}")
       continue
+    if path in checkpoint.VOCAB_ROW_PARAMS:  # [padded_vocab_size, ...] -> [vocab_size, ...]
+      value = checkpoint.vocab_rows(value, config.vocab_size, config.vocab_size)
     for pattern, hf, transform in patterns:
       match = pattern.match(path)
       if match:
@@ -421,9 +440,10 @@ def load_bertjax_checkpoint(directory: str) -> tuple[dict[str, Any], BertConfig]
   """The parameters and BertConfig of a bertjax checkpoint directory with bert_config.json.
 
   Groups the checkpoint lacks (pooler, heads) are absent from the returned params; a task head
-  it holds (TASK_HEADS) is read with the number of labels it was saved with.
+  it holds (TASK_HEADS) is read with the number of labels it was saved with. A checkpoint saved
+  with other padding of the vocabulary axis (an unpadded one from before BertConfig had
+  pad_vocab_to_multiple) is read with bert_config.json's padding (`checkpoint.load_params`).
   """
-  from bertjax import checkpoint  # pylint: disable=import-outside-toplevel
   config = model_files.load_bert_config(directory)
   saved = checkpoint.saved_param_shapes(directory)
   task, num_labels = None, 2
@@ -437,7 +457,7 @@ def load_bertjax_checkpoint(directory: str) -> tuple[dict[str, Any], BertConfig]
   shapes = expected_shapes(config, task, num_labels)
   target = traverse_util.unflatten_dict(
       {p: jnp.zeros(s, config.storage_dtype) for p, s in shapes.items()}, sep="/")
-  params, report = checkpoint.load_params(directory, target)
+  params, report = checkpoint.load_params(directory, target, vocab_size=config.vocab_size)
   flat = traverse_util.flatten_dict(params, sep="/")
   missing = set(report.missing)
   kept = {p: np.asarray(x, np.float32) for p, x in flat.items() if p not in missing}

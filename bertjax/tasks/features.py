@@ -126,7 +126,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> str:
   target = jax.eval_shape(lambda: nn.unbox(model.init(jax.random.PRNGKey(0), dummy, dummy,
                                                       dummy, deterministic=True))["params"])
   target = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), target)
-  params, report = checkpoint.load_params(config.init_checkpoint, target)
+  params, report = checkpoint.load_params(config.init_checkpoint, target,
+                                          vocab_size=bert_config.vocab_size)
   lacking = [p for p in report.missing if p.startswith("bert/") and not
              p.startswith("bert/pooler/")]
   if lacking:
