@@ -76,9 +76,13 @@ def _count(tree) -> int:
   return sum(math.prod(x.shape) for x in jax.tree.leaves(nn.unbox(tree)))
 
 
-@pytest.mark.parametrize("size,expected", [("base", 109_482_240), ("large", 335_141_888)])
-def test_parameter_count_of_published_sizes(size, expected):
-  config = bert.bert_config(size)  # vocab 30522, 512 positions, 2 token types
+# The published counts (vocab 30522), then with the vocabulary padded to 30592 rows (the default
+# pad_vocab_to_multiple=128): 70 more rows of 768 (base) or 1024 (large).
+@pytest.mark.parametrize("size,pad,expected", [
+    ("base", 1, 109_482_240), ("large", 1, 335_141_888),
+    ("base", 128, 109_482_240 + 70 * 768), ("large", 128, 335_141_888 + 70 * 1024)])
+def test_parameter_count_of_published_sizes(size, pad, expected):
+  config = bert.bert_config(size, pad_vocab_to_multiple=pad)  # 512 positions, 2 token types
   ids = jnp.zeros((1, 8), jnp.int32)
   abstract = jax.eval_shape(
       lambda: bert.BertEncoder(config).init(jax.random.key(0), ids, ids, ids, deterministic=True))
@@ -135,7 +139,7 @@ def test_self_attention_matches_numpy_reference():
   config = TINY
   x = jax.random.normal(jax.random.key(1), (BATCH, SEQ, config.hidden_size))
   input_mask = jnp.asarray(_batch()[2])
-  mask = bert.attention_mask(input_mask)
+  mask = bert.AttentionMask(input_mask)
   layer = bert.SelfAttention(config)
   params = nn.unbox(layer.init(jax.random.key(2), x, mask, deterministic=True))["params"]
   got = layer.apply({"params": params}, x, mask, deterministic=True)
@@ -225,8 +229,8 @@ def test_mlm_gather_equals_indexing_all_positions():
   ids, seg, mask, pos = _batch()
   all_logits, _ = _pretrain(_params(), ids, seg, mask)
   gathered, _ = _pretrain(_params(), ids, seg, mask, pos)
-  assert all_logits.shape == (BATCH, SEQ, TINY.vocab_size)
-  assert gathered.shape == (BATCH, NUM_PRED, TINY.vocab_size)
+  assert all_logits.shape == (BATCH, SEQ, TINY.padded_vocab_size)
+  assert gathered.shape == (BATCH, NUM_PRED, TINY.padded_vocab_size)
   expected = np.take_along_axis(np.asarray(all_logits), pos[..., None], axis=1)
   np.testing.assert_allclose(gathered, expected, atol=1e-6)
 
@@ -236,7 +240,7 @@ def test_decoder_is_tied_to_word_embeddings():
   assert sorted(k for k in flat if k.startswith("masked_lm/")) == [
       "masked_lm/layer_norm/bias", "masked_lm/layer_norm/scale", "masked_lm/output_bias",
       "masked_lm/transform/bias", "masked_lm/transform/kernel"]
-  with_vocab = sorted(k for k, v in flat.items() if TINY.vocab_size in v.shape)
+  with_vocab = sorted(k for k, v in flat.items() if TINY.padded_vocab_size in v.shape)
   assert with_vocab == ["bert/embeddings/word_embeddings/embedding", "masked_lm/output_bias"]
 
   # Row 40 := 2 * row 41, both output biases 0. Ids are < 40, so the encoder is unchanged and
@@ -252,7 +256,7 @@ def test_decoder_is_tied_to_word_embeddings():
 
   np.testing.assert_allclose(after[..., 40], 2.0 * after[..., 41], rtol=1e-5, atol=1e-6)
   assert np.abs(np.asarray(after[..., 40] - before[..., 40])).max() > 1e-3
-  others = np.arange(TINY.vocab_size) != 40
+  others = np.arange(TINY.padded_vocab_size) != 40
   np.testing.assert_array_equal(after[..., others], before[..., others])
   np.testing.assert_array_equal(nsp_after, nsp_before)
 
@@ -334,12 +338,15 @@ def test_every_param_has_logical_axes_and_unboxed_params_apply():
   assert {k: (v.shape, v.dtype) for k, v in real.items()} == {
       k: (v.value.shape, v.value.dtype) for k, v in boxed.items()}
   mlm, nsp = _pretrain(params, ids, seg, mask, pos)
-  assert mlm.shape == (BATCH, NUM_PRED, TINY.vocab_size) and nsp.shape == (BATCH, 2)
+  assert mlm.shape == (BATCH, NUM_PRED, TINY.padded_vocab_size) and nsp.shape == (BATCH, 2)
 
 
 def test_init_statistics():
   flat = traverse_util.flatten_dict(_params()["params"], sep="/")
-  table = np.asarray(flat["bert/embeddings/word_embeddings/embedding"])  # 3200 draws
+  table = np.asarray(flat["bert/embeddings/word_embeddings/embedding"])
+  assert table.shape == (TINY.padded_vocab_size, TINY.hidden_size) == (128, 32)
+  assert not np.any(table[TINY.vocab_size:])  # the padded rows start at 0
+  table = table[:TINY.vocab_size]  # 3200 draws
   assert np.abs(table).max() <= 2 * TINY.initializer_range + 1e-6  # truncated at 2 stddev
   assert 0.015 < table.std() < 0.02  # a normal(0.02) truncated at 2 sigma has std ~0.0176
   assert not np.any(flat["bert/encoder/layer_0/attention/query/bias"])

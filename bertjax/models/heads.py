@@ -12,13 +12,16 @@ Parameter tree of `BertForPreTraining` (logical axis names in parentheses; see
     transform/kernel                   [H, H]  ('embed', None)
     transform/bias                     [H]     (None,)
     layer_norm/{scale,bias}            [H]     ('embed',)
-    output_bias                        [V]     ('vocab',)
+    output_bias                        [V]     ('vocab',)  V = padded_vocab_size
   next_sentence/
     classifier/kernel                  [H, 2]  ('embed', None)
     classifier/bias                    [2]     (None,)
 
 There is no decoder kernel: the MLM decoder is tied to bert/embeddings/word_embeddings/embedding
-(logits = h @ table.T + output_bias), as in the original BERT.
+(logits = h @ table.T + output_bias), as in the original BERT. Both have padded_vocab_size rows
+(`BertConfig.pad_vocab_to_multiple`); the logits of the padded columns are float32 min, so the
+softmax gives them no probability, argmax never picks them, and the loss is that of the real
+vocabulary.
 
 Fine-tuning models (N = num_labels); each head is dropout (`dropout_rate`) then one Dense,
 `{head}/classifier/kernel` [H, N] ('embed', None) and `{head}/classifier/bias` [N] (None,):
@@ -34,7 +37,10 @@ These are the architectures of Hugging Face's classes of the same names, so conv
 give the same logits (`bertjax.convert.hf`).
 
 Every `BertFor*` model names the batch keys its `__call__` takes in `batch_keys`, so the trainer
-calls any of them on a batch dict the same way (`apply_to_batch`).
+calls any of them on a batch dict the same way (`apply_to_batch`). `BertForPreTraining` and
+`BertForSequenceClassification` also take packed batches (several sequences a row; see
+`bertjax.models.bert`): they list PACKING_KEYS in `packing_keys`, take them as keyword arguments,
+and return one NSP / classification row per packed sequence, [batch, k, ...].
 """
 from __future__ import annotations
 
@@ -47,11 +53,29 @@ from bertjax.models.bert import BertConfig
 
 # The inputs of every BertFor* model, in the order of its __call__'s arguments.
 INPUT_KEYS = ("input_ids", "segment_ids", "input_mask")
+# The extra keys of a packed batch ([batch, seq], [batch, seq], [batch, k] int32), passed as
+# keyword arguments to the models that list them in `packing_keys`.
+PACKING_KEYS = ("position_ids", "sequence_ids", "cls_positions")
+
+
+def _packing_kwargs(model: nn.Module, batch) -> dict:
+  """The packing keys `batch` has, for `model` as keyword arguments.
+
+  Raises:
+    ValueError: a packed batch for a model that does not take packed batches (it would attend
+      across the packed sequences and pool only the first).
+  """
+  present = {k: batch[k] for k in PACKING_KEYS if k in batch}
+  if present and not getattr(model, "packing_keys", ()):
+    raise ValueError(f"{type(model).__name__} does not take packed batches, but the batch has "
+                     f"{sorted(present)}; turn packing off for this task.")
+  return present
 
 
 def apply_to_batch(model: nn.Module, params, batch, *, deterministic: bool,
                    rngs: dict | None = None):
-  """`model`'s outputs on a batch dict: model(*(batch[k] for k in model.batch_keys)).
+  """`model`'s outputs on a batch dict: model(*(batch[k] for k in model.batch_keys)), with the
+  packing keys the batch has (PACKING_KEYS) as keyword arguments.
 
   Args:
     model: a BertFor* module.
@@ -62,14 +86,14 @@ def apply_to_batch(model: nn.Module, params, batch, *, deterministic: bool,
     what the model returns (logits, or a tuple of logits).
   """
   return model.apply({"params": params}, *(batch[k] for k in model.batch_keys),
-                     deterministic=deterministic, rngs=rngs)
+                     **_packing_kwargs(model, batch), deterministic=deterministic, rngs=rngs)
 
 
 def init_from_batch(model: nn.Module, rng: jax.Array, batch):
   """A BertFor* model's freshly initialised "params" (with logical axis boxes) for `batch`'s
-  shapes."""
+  shapes (and packing keys, as apply_to_batch)."""
   return model.init({"params": rng}, *(batch[k] for k in model.batch_keys),
-                    deterministic=True)["params"]
+                    **_packing_kwargs(model, batch), deterministic=True)["params"]
 
 
 def gather_positions(sequence: jax.Array, positions: jax.Array) -> jax.Array:
@@ -89,7 +113,8 @@ class MaskedLM(nn.Module):
   """Masked-LM head: Dense(H) + activation + LayerNorm, then the tied vocabulary projection.
 
   The hidden states at `masked_lm_positions` are gathered before the transform, so only the
-  predicted positions pay for the [hidden, vocab] projection. Logits are float32.
+  predicted positions pay for the [hidden, vocab] projection. Logits are float32, over the
+  padded vocabulary; the padded columns (>= vocab_size) are float32 min.
   """
   config: BertConfig
 
@@ -100,10 +125,12 @@ class MaskedLM(nn.Module):
 
     Args:
       sequence_output: [batch, seq, hidden] from the encoder.
-      word_embeddings: [vocab, hidden] the encoder's word-embedding table (the tied decoder).
+      word_embeddings: [padded_vocab, hidden] the encoder's word-embedding table (the tied
+        decoder).
       masked_lm_positions: [batch, num_predictions] positions to score; None = every position.
     Returns:
-      float32 logits [batch, num_predictions, vocab] ([batch, seq, vocab] without positions).
+      float32 logits [batch, num_predictions, padded_vocab] ([batch, seq, padded_vocab] without
+      positions); columns >= vocab_size are float32 min.
     """
     cfg = self.config
     h = sequence_output
@@ -112,14 +139,20 @@ class MaskedLM(nn.Module):
     h = bert.make_dense(cfg, cfg.hidden_size, ("embed", None), "transform")(h)
     h = cfg.activation(h)
     h = bert.make_layer_norm(cfg, "layer_norm")(h).astype(cfg.compute_dtype)
-    # [batch, p, hidden] x [vocab, hidden] -> [batch, p, vocab], accumulated in float32
+    # [batch, p, hidden] x [padded_vocab, hidden] -> [batch, p, padded_vocab], float32
     logits = jnp.einsum("bph,vh->bpv", h, word_embeddings.astype(cfg.compute_dtype),
                         preferred_element_type=jnp.float32)
     output_bias = self.param(
         "output_bias",
         nn.with_logical_partitioning(nn.initializers.zeros_init(), ("vocab",)),
-        (cfg.vocab_size,), cfg.storage_dtype)
-    return logits + output_bias.astype(jnp.float32)
+        (cfg.padded_vocab_size,), cfg.storage_dtype)
+    logits = logits + output_bias.astype(jnp.float32)
+    if cfg.padded_vocab_size == cfg.vocab_size:
+      return logits
+    # The padded columns get float32 min: exp() of it is 0, so they take no probability mass
+    # and no gradient, and the cross-entropy is the real vocabulary's.
+    real = jnp.arange(cfg.padded_vocab_size) < cfg.vocab_size  # [padded_vocab]
+    return jnp.where(real, logits, jnp.finfo(jnp.float32).min)
 
 
 class NextSentence(nn.Module):
@@ -128,7 +161,7 @@ class NextSentence(nn.Module):
 
   @nn.compact
   def __call__(self, pooled_output: jax.Array) -> jax.Array:
-    """[batch, hidden] -> float32 logits [batch, 2]."""
+    """[batch, hidden] -> float32 logits [batch, 2] ([batch, k, hidden] -> [batch, k, 2])."""
     dense = bert.make_dense(self.config, 2, ("embed", None), "classifier", dtype=jnp.float32)
     return dense(pooled_output)
 
@@ -137,22 +170,30 @@ class BertForPreTraining(nn.Module):
   """BertEncoder ('bert') + MaskedLM ('masked_lm', tied) + NextSentence ('next_sentence')."""
   config: BertConfig
   batch_keys = INPUT_KEYS + ("masked_lm_positions",)
+  packing_keys = PACKING_KEYS
 
   @nn.compact
   def __call__(self, input_ids: jax.Array, segment_ids: jax.Array, input_mask: jax.Array,
                masked_lm_positions: jax.Array | None = None, *,
+               position_ids: jax.Array | None = None, sequence_ids: jax.Array | None = None,
+               cls_positions: jax.Array | None = None,
                deterministic: bool) -> tuple[jax.Array, jax.Array]:
-    """MLM and NSP logits for a pretraining batch.
+    """MLM and NSP logits for a pretraining batch, unpacked or packed.
 
     Args:
       input_ids, segment_ids, input_mask: [batch, seq] int32 (input_mask 1 = real, 0 = pad).
-      masked_lm_positions: [batch, num_predictions] int32 positions to score; None = all.
+      masked_lm_positions: [batch, num_predictions] int32 row positions to score; None = all.
+      position_ids, sequence_ids, cls_positions: a packed batch's ([batch, seq], [batch, seq],
+        [batch, k]; see `bert.BertEncoder`); None = unpacked.
       deterministic: no dropout when True; when False the 'dropout' rng must be given.
     Returns:
-      (mlm_logits [batch, num_predictions or seq, vocab], nsp_logits [batch, 2]), float32.
+      (mlm_logits [batch, num_predictions or seq, padded_vocab], nsp_logits [batch, 2], or
+      [batch, k, 2] with cls_positions), float32.
     """
     encoder = bert.BertEncoder(self.config, name="bert")
-    out = encoder(input_ids, segment_ids, input_mask, deterministic=deterministic)
+    out = encoder(input_ids, segment_ids, input_mask, position_ids=position_ids,
+                  sequence_ids=sequence_ids, cls_positions=cls_positions,
+                  deterministic=deterministic)
     mlm_logits = MaskedLM(self.config, name="masked_lm")(
         out.sequence_output, encoder.word_embedding_table(), masked_lm_positions)
     nsp_logits = NextSentence(self.config, name="next_sentence")(out.pooled_output)
@@ -166,7 +207,8 @@ class SequenceClassification(nn.Module):
 
   @nn.compact
   def __call__(self, pooled_output: jax.Array, *, deterministic: bool) -> jax.Array:
-    """[batch, hidden] -> float32 logits [batch, num_labels]."""
+    """[batch, hidden] -> float32 logits [batch, num_labels] ([batch, k, hidden] ->
+    [batch, k, num_labels])."""
     h = nn.Dropout(self.config.dropout_rate)(pooled_output, deterministic=deterministic)
     return bert.make_dense(self.config, self.num_labels, ("embed", None), "classifier",
                            dtype=jnp.float32)(h)
@@ -212,15 +254,19 @@ class MultipleChoice(nn.Module):
 class BertForSequenceClassification(nn.Module):
   """BertEncoder ('bert') + SequenceClassification ('sequence_classification'): GLUE."""
   batch_keys = INPUT_KEYS
+  packing_keys = PACKING_KEYS
   config: BertConfig
   num_labels: int
 
   @nn.compact
   def __call__(self, input_ids: jax.Array, segment_ids: jax.Array, input_mask: jax.Array, *,
-               deterministic: bool) -> jax.Array:
-    """[batch, seq] int32 inputs (as BertForPreTraining) -> float32 logits [batch, num_labels]."""
+               position_ids: jax.Array | None = None, sequence_ids: jax.Array | None = None,
+               cls_positions: jax.Array | None = None, deterministic: bool) -> jax.Array:
+    """[batch, seq] int32 inputs (as BertForPreTraining, packed or not) -> float32 logits
+    [batch, num_labels], or [batch, k, num_labels] with cls_positions (one row per sequence)."""
     out = bert.BertEncoder(self.config, name="bert")(
-        input_ids, segment_ids, input_mask, deterministic=deterministic)
+        input_ids, segment_ids, input_mask, position_ids=position_ids,
+        sequence_ids=sequence_ids, cls_positions=cls_positions, deterministic=deterministic)
     return SequenceClassification(self.config, self.num_labels, name="sequence_classification")(
         out.pooled_output, deterministic=deterministic)
 
