@@ -1,5 +1,6 @@
-"""The fine-tuning layer (bertjax.tasks.finetuning): a new task is one spec, and the schedule
-the config derives from epochs never overrides what the user set.
+"""The fine-tuning layer (bertjax.tasks.finetuning): a new task is one spec, the schedule the
+config derives from epochs never overrides what the user set, and length buckets give the
+outputs of full padding.
 
 The spec below is the only code its task writes: a sentence classifier for "which animal does
 the sentence name", read from a two-column TSV file, scored by accuracy, its predictions written
@@ -7,6 +8,7 @@ to a file of its own. It trains through `finetuning.run` with configs/finetuning
 fields, as a new task's config would.
 """
 import csv
+import dataclasses
 import os
 
 import jax.numpy as jnp
@@ -14,8 +16,9 @@ import numpy as np
 import optax
 import pytest
 
-from bertjax import metrics
+from bertjax import metrics, parallel, train
 from bertjax.configs import finetuning as finetuning_config
+from bertjax.errors import UserError
 from bertjax.models import heads
 from bertjax.tasks import finetuning
 
@@ -96,6 +99,12 @@ def animal_data(tmp_path_factory):
   return directory
 
 
+@pytest.fixture(scope="module")
+def model_dir(random_bert, tmp_path_factory):
+  """A random tiny BERT with the animal sentences' vocabulary, shared by this module's tests."""
+  return random_bert(tmp_path_factory.mktemp("model"), SPECIALS + ANIMALS + FILLER)
+
+
 def _config(model_dir, data_dir):
   """configs/finetuning.py plus what this task's config would say."""
   config = finetuning_config.get_config()
@@ -107,8 +116,7 @@ def _config(model_dir, data_dir):
   return config
 
 
-def test_a_task_from_a_spec_trains(random_bert, animal_data, tmp_path):
-  model_dir = random_bert(tmp_path / "model", SPECIALS + ANIMALS + FILLER)
+def test_a_task_from_a_spec_trains(model_dir, animal_data, tmp_path):
   workdir = tmp_path / "run"
   config = _config(model_dir, animal_data)
   result = finetuning.run(ANIMAL_SPEC, config, str(workdir))
@@ -138,3 +146,101 @@ def test_user_set_steps_and_warmup_are_kept():
   config.train.num_train_steps = 50  # warmup left at -1: 10% of the steps the user set
   finetuning.set_schedule(config, steps_per_epoch=10)
   assert (config.train.num_train_steps, config.train.warmup_steps) == (50, 5)
+
+
+# ---- length buckets ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value, max_seq_length, expected", [
+    ("auto", 128, (32, 64, 128)),
+    ("auto", 384, (32, 64, 128, 256, 384)),
+    ("auto", 32, (32,)),
+    ("auto", 20, (20,)),
+    ("", 128, ()),
+    (" 64, 16,64 ", 128, (16, 64, 128)),
+    ("128", 128, (128,)),
+])
+def test_length_buckets_of_the_config(value, max_seq_length, expected):
+  config = finetuning_config.get_config()
+  config.data.length_buckets, config.data.max_seq_length = value, max_seq_length
+  assert finetuning.length_buckets(config) == expected
+
+
+@pytest.mark.parametrize("value", ["0,64", "32,256", "short", "32;64", ","])
+def test_bad_length_buckets_are_refused(value):
+  config = finetuning_config.get_config()
+  config.data.length_buckets = value
+  with pytest.raises(UserError, match="data.length_buckets=.*comma-separated"):
+    finetuning.length_buckets(config)
+
+
+def _logits(outputs, batch):
+  del batch
+  return {"logits": outputs}
+
+
+def _token_terms(logits, batch):
+  """Every real token labelled with its sentence's animal, weighted off padding (as NER)."""
+  labels = jnp.broadcast_to(batch["label"][:, None], logits.shape[:2])
+  return {"loss": (optax.softmax_cross_entropy_with_integer_labels(logits, labels),
+                   batch["input_mask"])}
+
+
+TOKEN_SPEC = dataclasses.replace(  # every position's logits, as NER's per-token predictions
+    ANIMAL_SPEC, model=lambda bert_config, data: heads.BertForTokenClassification(
+        bert_config, data.num_labels), terms=_token_terms, predict=_logits)
+
+
+def _eval_and_step(setup, task, with_step):
+  """The eval pass and (`with_step`) one train step of `task` from the initial state (drawn
+  anew each time: the step takes it over): (eval predictions,
+  eval metric means, each eval example's input_mask as batched and its batch's width, the
+  first train batch's width, the first train step's loss and gradient norm)."""
+  state = setup.init_state()
+  totals, predictions = train.run_eval_step(setup, state["params"], task.batches.eval())
+  masks, widths = [], []
+  for batch in task.batches.eval():
+    real = batch["example_weight"] > 0
+    masks += list(batch["input_mask"][real])
+    widths += [batch["input_mask"].shape[1]] * int(real.sum())
+  first = next(task.batches.train(None))[0]
+  step = {}
+  if with_step:
+    _, step_metrics = setup.train_step(state, parallel.global_batch(first, setup.mesh))
+    step = {name: float(getattr(step_metrics, name).compute()) for name in ("loss", "grad_norm")}
+  return predictions, train.means(totals), masks, np.array(widths), first["input_ids"].shape[1], step
+
+
+@pytest.mark.parametrize("spec, with_step", [
+    (dataclasses.replace(ANIMAL_SPEC, predict=_logits, padding_invariant=True), False),
+    (dataclasses.replace(TOKEN_SPEC, padding_invariant=True), True)], ids=["sequence", "token"])
+def test_length_buckets_give_the_outputs_of_full_padding(spec, with_step, model_dir,
+                                                         animal_data, tmp_path):
+  """Per-example logits (per token: at every real position; zeros where the batch was cut),
+  the eval loss and (for the per-token loss, weighted off padding) a train step's loss and
+  gradient norm are those of batches padded to max_seq_length, from the same parameters
+  through the same jitted steps (which compile once per width)."""
+  tasks = {}
+  for buckets in ("", "8,9,10"):  # sentences of 6-10 tokens with [CLS] and [SEP]
+    config = _config(model_dir, animal_data)
+    config.data.length_buckets, config.train.eval_batch_size = buckets, 4
+    tasks[buckets] = finetuning.make_task(spec, config, str(tmp_path))
+  setup = train.build(config, tasks[buckets], next(tasks[buckets].batches.train(None))[0])
+  full, full_means, masks, full_widths, full_train_width, full_step = _eval_and_step(
+      setup, tasks[""], with_step)
+  cut, cut_means, _, widths, train_width, step = _eval_and_step(setup, tasks["8,9,10"], with_step)
+  assert set(full_widths) == {full_train_width} == {16}
+  assert set(widths) == {8, 9, 10} and train_width == 10  # of 16 columns
+  assert full["logits"].shape == cut["logits"].shape  # per-token logits padded back to 16
+  if full["logits"].ndim == 3:  # [N, seq, labels]
+    real = np.array(masks) > 0
+    np.testing.assert_allclose(cut["logits"][real], full["logits"][real], rtol=1e-5, atol=1e-5)
+    for width in (8, 9):
+      assert not cut["logits"][widths == width, width:].any()
+  else:
+    np.testing.assert_allclose(cut["logits"], full["logits"], rtol=1e-5, atol=1e-5)
+  for name in full_means:
+    np.testing.assert_allclose(cut_means[name], full_means[name], rtol=1e-5, err_msg=name)
+  assert step.keys() == full_step.keys() == ({"loss", "grad_norm"} if with_step else set())
+  for name in step:
+    np.testing.assert_allclose(step[name], full_step[name], rtol=1e-5, err_msg=name)

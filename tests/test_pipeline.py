@@ -159,3 +159,84 @@ def test_any_host_count_resumes_a_position():
   two = [next(_batches(features, batch_size=4, process_index=p, process_count=2).iterate(
       {"examples": 9}))[0] for p in range(2)]
   np.testing.assert_array_equal(np.concatenate([_rows(b) for b in two]), _rows(one))
+
+
+# ---- length buckets --------------------------------------------------------------------------
+
+BUCKET_SEQ = 16
+
+
+def _varied(n=40, seed=0):
+  """n examples in [n, 16] rows, most of 2-6 tokens, 15% of 9-16 (input_ids = i + 1 on real
+  tokens, 0 after), with a per-position label_ids like NER's; and their lengths."""
+  rng = np.random.default_rng(seed)
+  lengths = np.where(rng.random(n) < 0.15, rng.integers(9, BUCKET_SEQ + 1, n),
+                     rng.integers(2, 7, n))
+  mask = (np.arange(BUCKET_SEQ)[None] < lengths[:, None]).astype(np.int32)
+  ids = mask * np.arange(1, n + 1, dtype=np.int32)[:, None]
+  return {"input_ids": ids, "segment_ids": np.zeros_like(ids), "input_mask": mask,
+          "label_ids": ids % 5, "label": np.arange(n, dtype=np.int32)}, lengths
+
+
+def test_example_lengths():
+  mask = np.array([[1, 1, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0], [1, 0, 1, 0]])
+  np.testing.assert_array_equal(pipeline.example_lengths(mask), [2, 4, 0, 3])
+  choices = np.stack([mask, mask[::-1]], axis=1)  # [4, 2, 4]: the longer choice counts
+  np.testing.assert_array_equal(pipeline.example_lengths(choices), [3, 4, 4, 3])
+
+
+def test_batches_are_cut_to_the_bucket_of_their_longest_example():
+  features, lengths = _varied()
+  plain = _batches(features, batch_size=8)
+  cut = _batches(features, batch_size=8, length_buckets=(4, 8, 99))
+  assert cut.buckets == (4, 8, BUCKET_SEQ)  # longer than the features: dropped; 16 added
+  for (whole, p1), (part, p2) in itertools.islice(zip(plain.iterate(), cut.iterate()), 12):
+    assert p1 == p2
+    rows = _rows(whole)
+    width = min(b for b in cut.buckets if b >= lengths[rows].max())
+    assert part["input_ids"].shape == (8, width) and part["label"].shape == (8,)
+    for key in ("input_ids", "segment_ids", "input_mask", "label_ids"):
+      np.testing.assert_array_equal(part[key], whole[key][:, :width], err_msg=key)
+      assert not whole[key][:, width:].any()  # only padding was cut
+    np.testing.assert_array_equal(part["label"], whole["label"])
+  widths = {b["input_ids"].shape[1] for b in cut.eval_batches()}
+  assert widths <= set(cut.buckets) and len(widths) > 1
+  for whole, part in zip(plain.eval_batches(), cut.eval_batches()):
+    width = part["input_ids"].shape[1]
+    np.testing.assert_array_equal(part["input_mask"], whole["input_mask"][:, :width])
+    assert not whole["input_mask"][:, width:].any()
+
+
+def test_hosts_cut_each_global_batch_to_one_shape():
+  """The bucket is the global batch's: the two hosts' blocks have the same width, the one a
+  single host gives the whole global batch, though each host's own rows may be shorter."""
+  features, lengths = _varied(n=64, seed=1)
+  buckets = (4, 8, 12)
+  one = _batches(features, batch_size=16, length_buckets=buckets)
+  hosts = [_batches(features, batch_size=8, process_index=p, process_count=2,
+                    length_buckets=buckets) for p in range(2)]
+  own_widths_differ = False
+  for (whole, _), *parts in itertools.islice(zip(one.iterate(), *(h.iterate() for h in hosts)),
+                                             10):
+    assert {part["input_ids"].shape for part, _ in parts} == {(8, whole["input_ids"].shape[1])}
+    np.testing.assert_array_equal(
+        np.concatenate([part["input_ids"] for part, _ in parts]), whole["input_ids"])
+    own = [min(b for b in (4, 8, 12, 16) if b >= lengths[_rows(part)].max()) for part, _ in parts]
+    own_widths_differ |= len(set(own)) > 1
+  assert own_widths_differ  # so the test shows the hosts agreeing, not their rows alike
+  evals = [list(h.eval_batches()) for h in hosts]
+  for whole, *parts in zip(one.eval_batches(), *evals):
+    assert {part["input_mask"].shape for part in parts} == {(8, whole["input_mask"].shape[1])}
+
+
+def test_multiple_choice_features_are_cut_on_their_last_axis():
+  features, _ = _varied(n=16)
+  mask = np.stack([features["input_mask"], np.roll(features["input_mask"], 8, axis=0)], axis=1)
+  choices = {"input_ids": mask * 7, "input_mask": mask, "label": np.zeros(16, np.int32)}
+  batch = next(_batches(choices, batch_size=8, shuffle=False, length_buckets=(4, 8, 12)
+                        ).iterate())[0]
+  width = batch["input_ids"].shape[-1]
+  assert batch["input_mask"].shape == (8, 2, width)
+  assert width == min(b for b in (4, 8, 12, 16)
+                      if b >= pipeline.example_lengths(mask[:8]).max())
+  np.testing.assert_array_equal(batch["input_mask"], mask[:8, :, :width])

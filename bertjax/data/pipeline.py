@@ -16,10 +16,19 @@ number of hosts (with the same global batch).
 Evaluation (`eval_rows`) goes once through the examples in order, in the same per-host blocks,
 so per-example predictions come back in the examples' order; the last global batch is padded
 (`pad_batch`) with all-zero rows whose `example_weight` is 0.
+
+Length buckets (`FeatureBatches(length_buckets=...)`): a batch of short sentences need not carry
+max_seq_length columns of padding. Every training and evaluation batch is cut to the smallest
+bucket that holds the longest example (its last real token, input_mask's) of its whole global
+batch; each host computes that from the examples' lengths, which it holds for all rows, so all
+hosts agree on the shape, and the jitted steps compile once per bucket. Every array shaped like
+input_mask ([N, seq] or [N, choices, seq], and any [N, seq, ...]) is cut on its seq axis; only
+padding columns go, so a model that masks padding (and a loss weighted off it) gives the same
+per-example outputs.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -41,11 +50,14 @@ class FeatureBatches:
     process_index, process_count: this host and the number of hosts.
     shuffle: a fresh order every training epoch; False: in order (eval never shuffles).
     threads: threads that gather training batches ahead of the training step.
+    length_buckets: sequence lengths a batch may be cut to (module docstring), needing an
+      input_mask feature; input_mask's own length is added as the last bucket (longer ones are
+      dropped). Empty: every batch keeps the features' full length.
   """
 
   def __init__(self, features: Mapping[str, np.ndarray], *, batch_size: int, seed: int,
                process_index: int = 0, process_count: int = 1, shuffle: bool = True,
-               threads: int = 1):
+               threads: int = 1, length_buckets: Sequence[int] = ()):
     if not 0 <= process_index < process_count:
       raise ValueError(f"process_index {process_index} not in [0, {process_count})")
     if batch_size < 1:
@@ -61,6 +73,16 @@ class FeatureBatches:
     self.global_batch_size = batch_size * process_count
     self.seed, self.shuffle, self.threads = seed, shuffle, threads
     self.process_index, self.process_count = process_index, process_count
+    self._cut_keys, self._lengths, self.buckets = (), None, ()
+    if length_buckets:
+      if "input_mask" not in self._features:
+        raise ValueError("length buckets need an input_mask feature")
+      mask = self._features["input_mask"]
+      seq = mask.shape[-1]
+      self.buckets = tuple(sorted({int(b) for b in length_buckets if 0 < b < seq} | {seq}))
+      self._lengths = example_lengths(mask)
+      self._cut_keys = tuple(key for key, value in self._features.items()
+                             if value.shape[:mask.ndim] == mask.shape)
 
   @property
   def steps_per_epoch(self) -> int:
@@ -92,28 +114,56 @@ class FeatureBatches:
 
   def _train_batches(self, examples: int) -> Iterator[tuple[dict[str, np.ndarray], Position]]:
     order_seed = self._order_seed() if self.shuffle else None
+    mine = slice(self.process_index * self.batch_size, (self.process_index + 1) * self.batch_size)
+
+    def make_batch(rows, _):  # rows [G]: the global batch; this host gathers its block
+      return self._batch(rows[mine], self._bucket(rows))
+
+    # The global stream read as one host of batch G: global batch j is the same elements
+    # [examples + j * G, ...) that host_batches gives P hosts, so every host sees all its rows.
     for batch, after in host_batches(
-        self.num_examples, order_seed, examples, lambda rows, _: self._batch(rows),
-        batch_size=self.batch_size, process_index=self.process_index,
-        process_count=self.process_count, threads=self.threads):
+        self.num_examples, order_seed, examples, make_batch, batch_size=self.global_batch_size,
+        process_index=0, process_count=1, threads=self.threads):
       yield batch, {"examples": after}
 
   def eval_batches(self) -> Iterator[dict[str, np.ndarray]]:
     """One pass over the examples in order; this host's block of each global batch, the last
     padded with all-zero rows whose example_weight is 0."""
-    for rows in eval_rows(self.num_examples, self.batch_size, self.process_index,
-                          self.process_count):
-      yield pad_batch(self._batch(rows), self.batch_size)
+    everyone = eval_rows(self.num_examples, self.global_batch_size, 0, 1)
+    for rows, global_rows in zip(eval_rows(self.num_examples, self.batch_size,
+                                           self.process_index, self.process_count), everyone):
+      yield pad_batch(self._batch(rows, self._bucket(global_rows)), self.batch_size)
+
+  def _bucket(self, global_rows: np.ndarray) -> int | None:
+    """The length a batch of the global batch `global_rows` is cut to (None: not cut)."""
+    if not self.buckets:
+      return None
+    longest = int(self._lengths[global_rows].max(initial=0))
+    return self.buckets[int(np.searchsorted(self.buckets, longest))]
 
   def _order_seed(self) -> int:
     """grain's shuffle seed of the epoch orders, from `seed`."""
     return int(np.random.default_rng([self.seed, _ORDER]).integers(2**31))
 
-  def _batch(self, rows: np.ndarray) -> dict[str, np.ndarray]:
-    """The batch of examples `rows` ([n] indices): every key's [n, ...] rows, one gather each."""
-    batch = {key: value[rows] for key, value in self._features.items()}
+  def _batch(self, rows: np.ndarray, length: int | None = None) -> dict[str, np.ndarray]:
+    """The batch of examples `rows` ([n] indices): every key's [n, ...] rows, one gather each;
+    with `length`, the arrays shaped like input_mask cut to its first `length` positions."""
+    batch = {}
+    for key, value in self._features.items():
+      if length is not None and key in self._cut_keys:
+        axis = self._features["input_mask"].ndim - 1  # input_mask [N, ..., seq]: seq's axis
+        value = value[(slice(None),) * axis + (slice(0, length),)]
+      batch[key] = value[rows]
     batch["example_weight"] = np.ones(len(rows), np.float32)
     return batch
+
+
+def example_lengths(input_mask: np.ndarray) -> np.ndarray:
+  """[N] each example's length: one past its last real token (input_mask [N, ..., seq] != 0),
+  the longest of its sequences for [N, choices, seq]; 0 for an example without any."""
+  mask = input_mask.reshape(len(input_mask), -1, input_mask.shape[-1]) != 0
+  last = mask.shape[-1] - np.argmax(mask[..., ::-1], axis=-1)  # [N, choices]
+  return np.where(mask.any(-1), last, 0).max(axis=1)
 
 
 def _check_position(position: Position | None, process_count: int) -> int:

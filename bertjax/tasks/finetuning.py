@@ -12,11 +12,20 @@ A new fine-tuning task is a spec plus a config of a few lines over configs/finet
 
 What this module does for every spec: it loads `config.init_checkpoint`'s model directory (its
 bert_config.json with this run's dropout and dtype, and its tokenizer), reads the data through
-the spec, batches the features (shuffled for training, in order and padded for evaluation),
-measures the run in epochs (train.num_train_epochs; num_train_steps and warmup_steps are derived
-only when left at -1), reports the eval loss next to the spec's scores, and hands the trainer one
-`train.Task`. The fine-tuned workdir gets bert_config.json and the tokenizer, so it is a model
-directory in turn.
+the spec, batches the features (shuffled for training, in order and padded for evaluation; each
+batch cut to a length bucket where the spec allows it, below), measures the run in epochs
+(train.num_train_epochs; num_train_steps and warmup_steps are derived only when left at -1),
+reports the eval loss next to the spec's scores, and hands the trainer one `train.Task`. The
+fine-tuned workdir gets bert_config.json and the tokenizer, so it is a model directory in turn.
+
+Length buckets (`data.length_buckets`): sentences are mostly far shorter than max_seq_length, so
+padding every batch to it wastes most of the work. With buckets, each training and evaluation
+batch is cut to the smallest bucket that holds the longest example of its global batch
+(`bertjax.data.pipeline`); the jitted steps compile once per bucket. "auto" (the default) is
+`auto_buckets(max_seq_length)`, e.g. 32, 64, 128; "32,64,128" names them (max_seq_length is
+always added); "" pads every batch to max_seq_length. Only a spec whose loss and predictions
+ignore padding (`Spec.padding_invariant`: GLUE, NER, SWAG) is cut, so per-example outputs are
+those of full padding; SQuAD keeps max_seq_length (run_squad's softmax spans the padding too).
 """
 from __future__ import annotations
 
@@ -82,6 +91,11 @@ class Spec:
       batches have labels.
     write: (data, set name, predictions, workdir) -> None: the official output files; "eval" is
       the last evaluation's set, the others are Data.predict's.
+    padding_invariant: the loss and the predictions at real tokens do not depend on padding
+      positions (attention masks them, loss weights are 0 there), so batches may be cut to
+      data.length_buckets. Predictions shaped like the batch's input_mask ([batch, seq, ...],
+      e.g. NER's tags) are padded back with zeros to the features' length, so `score` and
+      `write` see the shapes of full padding.
   """
   name: str
   read: Callable[[ml_collections.ConfigDict, tokenization.Tokenizer, str], Data]
@@ -90,6 +104,7 @@ class Spec:
   predict: Callable[[Any, Mapping[str, Any]], dict[str, Any]]
   score: Callable[[Data, dict[str, np.ndarray]], dict[str, float]]
   write: Callable[[Data, str, dict[str, np.ndarray], epath.Path], None]
+  padding_invariant: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,14 +153,60 @@ def load_pretrained(config: ml_collections.ConfigDict, what: str) -> Pretrained:
   return Pretrained(model_dir, bert_config, tokenizer, files)
 
 
-def feature_batches(config: ml_collections.ConfigDict, features: Features, *,
-                    training: bool) -> FeatureBatches:
+def auto_buckets(max_seq_length: int) -> tuple[int, ...]:
+  """data.length_buckets="auto": the powers of two from 32 below max_seq_length, then
+  max_seq_length (128: 32, 64, 128; 384: 32, 64, 128, 256, 384)."""
+  return tuple(2**k for k in range(5, max_seq_length.bit_length())
+               if 2**k < max_seq_length) + (max_seq_length,)
+
+
+def length_buckets(config: ml_collections.ConfigDict) -> tuple[int, ...]:
+  """The bucket lengths data.length_buckets asks for, ascending and ending in max_seq_length
+  (module docstring); () for "" (every batch at max_seq_length).
+
+  Raises:
+    UserError: a value that is not "auto", "" or comma-separated lengths in [1, max_seq_length].
+  """
+  value, longest = str(config.data.length_buckets).strip(), config.data.max_seq_length
+  if not value:
+    return ()
+  if value == "auto":
+    return auto_buckets(longest)
+  try:
+    lengths = {int(part) for part in value.split(",") if part.strip()}
+  except ValueError:
+    lengths = set()
+  if not lengths or not all(1 <= n <= longest for n in lengths):
+    raise UserError(f"data.length_buckets={value!r}; give comma-separated sequence lengths "
+                    f"from 1 to data.max_seq_length={longest} (e.g. 32,64,{longest}), \"auto\" "
+                    "or \"\" (no buckets: every batch padded to max_seq_length).")
+  return tuple(sorted(lengths | {longest}))
+
+
+def feature_batches(config: ml_collections.ConfigDict, features: Features, *, training: bool,
+                    buckets: tuple[int, ...] = ()) -> FeatureBatches:
   """This host's batches of `features`: train.batch_size, shuffled, for training; else
-  train.eval_batch_size in order (for evaluation and prediction)."""
+  train.eval_batch_size in order (for evaluation and prediction); cut to `buckets`."""
   size = config.train.batch_size if training else config.train.eval_batch_size
   return FeatureBatches(features, batch_size=size // jax.process_count(), seed=config.seed,
                         process_index=jax.process_index(), process_count=jax.process_count(),
-                        shuffle=training)
+                        shuffle=training, length_buckets=buckets)
+
+
+def full_length(predictions: Mapping[str, jax.Array], input_mask_shape: tuple[int, ...],
+                seq: int) -> dict[str, jax.Array]:
+  """`predictions` with every array shaped like the batch's input_mask ([batch, ..., cut] or
+  [batch, ..., cut, ...]) padded with zeros on that axis to `seq` (traced in jit)."""
+  axis, cut = len(input_mask_shape) - 1, input_mask_shape[-1]
+  if cut == seq:
+    return dict(predictions)
+
+  def pad(x):
+    if tuple(x.shape[:axis + 1]) != tuple(input_mask_shape):
+      return x
+    return jax.numpy.pad(x, [(0, seq - cut) if i == axis else (0, 0) for i in range(x.ndim)])
+
+  return {name: pad(x) for name, x in predictions.items()}
 
 
 def set_schedule(config: ml_collections.ConfigDict, steps_per_epoch: int) -> None:
@@ -169,14 +230,20 @@ def make_task(spec: Spec, config: ml_collections.ConfigDict, workdir: str) -> tr
   `config` (see set_schedule)."""
   pretrained = load_pretrained(config, spec.name)
   data = spec.read(config, pretrained.tokenizer, workdir)
-  train_batches = feature_batches(config, data.train, training=True)
-  eval_batches = feature_batches(config, data.eval, training=False)
+  buckets = length_buckets(config) if spec.padding_invariant else ()
+  train_batches = feature_batches(config, data.train, training=True, buckets=buckets)
+  eval_batches = feature_batches(config, data.eval, training=False, buckets=buckets)
   steps_per_epoch = train_batches.steps_per_epoch
   if data.examples_per_epoch is not None:
     steps_per_epoch = max(1, data.examples_per_epoch // config.train.batch_size)
   set_schedule(config, steps_per_epoch)
-  predict_sets = {name: feature_batches(config, features, training=False).eval_batches
+  predict_sets = {name: feature_batches(config, features, training=False,
+                                       buckets=buckets).eval_batches
                   for name, features in data.predict.items()}
+
+  def predict(outputs, batch):
+    seq = data.eval["input_mask"].shape[-1]  # the features' length, before any cut
+    return full_length(spec.predict(outputs, batch), batch["input_mask"].shape, seq)
 
   def score(totals, predictions):
     loss = {"loss": float(totals["loss"].compute())} if "loss" in totals else {}
@@ -188,7 +255,7 @@ def make_task(spec: Spec, config: ml_collections.ConfigDict, workdir: str) -> tr
       model=spec.model(pretrained.bert_config, data), terms=spec.terms,
       batches=train.Batches(train=train_batches.iterate, eval=eval_batches.eval_batches,
                             predict=predict_sets),
-      predict=spec.predict, score=score,
+      predict=predict if buckets else spec.predict, score=score,
       write=lambda name, predictions, directory: spec.write(data, name, predictions, directory),
       files={**pretrained.files, **data.files})
 

@@ -150,4 +150,4 @@ SPEC = finetuning.Spec(
     name="GLUE fine-tuning", read=read,
     model=lambda bert_config, data: heads.BertForSequenceClassification(bert_config,
                                                                         data.num_labels),
-    terms=terms, predict=predict, score=score, write=write)
+    terms=terms, predict=predict, score=score, write=write, padding_invariant=True)

@@ -163,4 +163,4 @@ SPEC = finetuning.Spec(
     name="NER fine-tuning (a cased model suits NER)", read=read,
     model=lambda bert_config, data: heads.BertForTokenClassification(bert_config,
                                                                      data.num_labels),
-    terms=terms, predict=predict, score=score, write=write)
+    terms=terms, predict=predict, score=score, write=write, padding_invariant=True)

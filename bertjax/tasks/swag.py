@@ -127,4 +127,4 @@ def write(data: finetuning.Data, name: str, predictions: dict[str, np.ndarray],
 SPEC = finetuning.Spec(
     name="SWAG fine-tuning", read=read,
     model=lambda bert_config, data: heads.BertForMultipleChoice(bert_config),
-    terms=terms, predict=predict, score=score, write=write)
+    terms=terms, predict=predict, score=score, write=write, padding_invariant=True)
