@@ -19,7 +19,8 @@ setuptools.setup(
     # configs/ (at the root, where commands name them) is installed as the package bertjax.configs.
     packages=[*setuptools.find_packages(include=["bertjax", "bertjax.*"]), "bertjax.configs"],
     package_dir={"bertjax.configs": "configs"},
-    package_data={"bertjax": ["data/corpus/*.txt", "data/corpus/*.md"]},
+    package_data={"bertjax": ["data/corpus/*.txt", "data/corpus/*.md", "data/movie_reviews/*.txt",
+                              "data/movie_reviews/*.md"]},
     python_requires=">=3.10",
     install_requires=[
         "jax==0.10.2",
