@@ -382,6 +382,15 @@ def divergence_message(step: int, values: Mapping[str, float],
       "new --workdir.")
 
 
+def examples_in(batch: Batch) -> int:
+  """The real examples of a host's batch: its rows, or with packing ([batch, k] example
+  weights) the sequences packed into them."""
+  weights = batch.get("example_weight")
+  if weights is None or np.ndim(weights) < 2:
+    return len(batch["input_ids"])
+  return int(np.count_nonzero(weights))
+
+
 def step_flops(bert_config, batch: Batch) -> int:
   """`flops.model_flops` of one step on this per-host batch, over all hosts: the sequences are
   input_ids' rows ([batch, seq] or, for multiple choice, [batch, choices, seq])."""
@@ -481,7 +490,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, task: Ta
     while step < stop:
       batch, position = next(batches)
       state, metrics = setup.train_step(state, parallel.global_batch(batch, setup.mesh))
-      log.add(metrics, examples=len(batch["input_ids"]) * jax.process_count(),
+      log.add(metrics, examples=examples_in(batch) * jax.process_count(),
               tokens=batch["input_ids"].size * jax.process_count(),
               flops=step_flops(task.model.config, batch))
       step += 1

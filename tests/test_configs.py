@@ -20,7 +20,7 @@ NAMES = sorted(n[:-3] for n in os.listdir(CONFIGS) if n.endswith(".py") and n !=
 DELTAS = {
     "base": (tiny.get_config, {
         "model.size": "base", "model.dropout_rate": 0.1, "model.attention_dropout_rate": 0.1,
-        "model.dtype": "bfloat16", "data.vocab_size": 30522, "data.long_seq_length": 512,
+        "data.vocab_size": 30522, "data.long_seq_length": 512,
         "data.dupe_factor": 10, "data.eval_fraction": 0.01, "train.batch_size": 256,
         "train.eval_batch_size": 256, "train.num_train_steps": 1_000_000,
         "train.warmup_steps": 10_000, "train.long_seq_from_step": 900_000,

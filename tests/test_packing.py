@@ -303,3 +303,10 @@ def test_packed_pretraining_trains_with_the_unpacked_losses(data, tmp_path):
   for name, (values, weights) in task.terms(outputs, plain).items():
     expected = float(np.sum(values * weights) / np.sum(weights))
     assert train_records[0][name] == pytest.approx(expected, rel=1e-5, abs=1e-6), name
+  # The checkpoint's data position counts packed rows: resuming it unpacked is refused.
+  # (A UserError from inside run: main turns it into one line and exit 2.)
+  with pytest.raises(UserError, match=r"trained with data.packing=True .* --config.data.packing="
+                                      r"True"):
+    config = _config(data, False)
+    config.train.num_train_steps = 4
+    pretraining.run(config, str(workdir))

@@ -313,15 +313,24 @@ class _Phases:
   """Training batches over the sequence-length phases, with a position that records the phase.
 
   Position: {"phase": 0 or 1, "batches": batches served so far, "examples": the global stream
-  position in the current phase (loader.PairBatches.iterate)}.
+  position in the current phase (loader.PairBatches.iterate), "packed": whether the stream is
+  of packed rows (absent in checkpoints from before packing: False)}.
   """
 
-  def __init__(self, phases: list[loader.PairBatches], switch_step: int):
+  def __init__(self, phases: list[loader.PairBatches], switch_step: int, packed: bool):
     self.phases = phases
     self._switch_step = switch_step  # 0 = one phase
+    self._packed = packed
 
   def iterate(self, position: dict | None) -> Iterator[tuple[dict, dict]]:
-    position = position or {"phase": 0, "batches": 0, "examples": 0}
+    position = position or {"phase": 0, "batches": 0, "examples": 0, "packed": self._packed}
+    if bool(position.get("packed", False)) != self._packed:
+      was = bool(position.get("packed", False))
+      raise UserError(f"the checkpoint was trained with data.packing={was} and this run asks "
+                      f"for data.packing={self._packed}: its data position counts "
+                      f"{'packed rows' if was else 'unpacked examples'}, so switching would not "
+                      f"continue the same data. Resume with --config.data.packing={was}, or "
+                      "start a fresh workdir (init_checkpoint=the old one) to switch.")
     try:
       phase, served, examples = (int(position[k]) for k in ("phase", "batches", "examples"))
       if phase >= len(self.phases):
@@ -336,7 +345,8 @@ class _Phases:
         phase, inner = 1, self.phases[1].iterate(0)
       batch, examples = next(inner)
       served += 1
-      yield batch, {"phase": phase, "batches": served, "examples": examples}
+      yield batch, {"phase": phase, "batches": served, "examples": examples,
+                    "packed": self._packed}
 
 
 def make_task(config: ml_collections.ConfigDict, workdir: str) -> train.Task:
@@ -382,7 +392,8 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> train.Task:
   return train.Task(
       model=heads.BertForPreTraining(bert_config), terms=make_terms(baseline_token),
       batches=train.Batches(
-          train=_Phases(phases, tr.long_seq_from_step if data.long_seq_length else 0).iterate,
+          train=_Phases(phases, tr.long_seq_from_step if data.long_seq_length else 0,
+                        bool(data.packing)).iterate,
           eval=eval_batches.eval_batches if num_eval else None),
       score=score,
       files={model_files.BERT_CONFIG_FILE: model_files.bert_config_json(bert_config),

@@ -1,0 +1,38 @@
+"""Tests of bertjax.model_options: the compute dtype by backend and the run's BertConfig fields."""
+import ml_collections
+import pytest
+
+from bertjax import model_options
+from bertjax.configs import base, finetuning, tiny
+from bertjax.errors import UserError
+
+
+@pytest.mark.parametrize("dtype, platform, expected", [
+    ("auto", "cpu", "float32"), ("auto", "gpu", "bfloat16"), ("auto", "tpu", "bfloat16"),
+    ("float32", "gpu", "float32"), ("bfloat16", "cpu", "bfloat16")])
+def test_resolve_dtype(dtype, platform, expected):
+  assert model_options.resolve_dtype(dtype, platform) == expected
+
+
+def test_auto_is_float32_on_this_cpu():
+  assert model_options.resolve_dtype("auto") == "float32"
+
+
+def test_overrides_of_the_configs():
+  assert model_options.bert_overrides(tiny.get_config().model) == dict(
+      dropout_rate=0.0, attention_dropout_rate=0.0, attention="auto", remat="none",
+      pad_vocab_to_multiple=128, dtype="float32")
+  # Fine-tuning keeps the pretrained model's padding (bert_config.json), so sets none.
+  assert "pad_vocab_to_multiple" not in model_options.bert_overrides(finetuning.get_config().model)
+  # A config.json of an older run, without the new fields, keeps BertConfig's defaults.
+  old = ml_collections.ConfigDict(dict(dtype="bfloat16", dropout_rate=0.1))
+  assert model_options.bert_overrides(old) == dict(dropout_rate=0.1, dtype="bfloat16")
+
+
+def test_fast_variant_of_base():
+  paper, fast = base.get_config(), base.get_config("fast")
+  assert paper.model.attention_dropout_rate == 0.1 and not paper.data.packing
+  assert fast.model.attention_dropout_rate == 0.0 and fast.data.packing
+  assert fast.model.attention == "auto" and fast.model.dtype == "auto"
+  with pytest.raises(UserError, match="configs/base.py:fast"):
+    base.get_config("fastest")
