@@ -282,6 +282,45 @@ def test_dot_product_attention_kwargs_give_the_reference_attention():
     assert sorted(bert.dot_product_attention_kwargs(mask, "xla")) == ["mask"]
 
 
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN flash attention needs a GPU")
+def test_cudnn_kernel_honours_lengths_and_the_packed_mask_on_a_gpu():
+  """On a GPU: the cuDNN kernel with the cudnn path's arguments, bfloat16, gives the reference
+  attention (float32 on the same inputs) and its gradients at real tokens, padded and packed; a
+  kernel that attended across packed sequences or into the padding would be off by O(1)."""
+  shape = (3, 128, 2, 64)
+  q, k, v = (jax.random.normal(jax.random.key(i), shape, jnp.bfloat16) for i in range(3))
+  lengths = np.array([100, 128, 37])
+  input_mask = (np.arange(128) < lengths[:, None]).astype(np.int32)
+  sequence_ids = np.zeros((3, 128), np.int32)
+  sequence_ids[0, :50], sequence_ids[0, 50:120], sequence_ids[1], sequence_ids[2, :9] = 1, 2, 1, 1
+  masks = {"unpacked": bert.AttentionMask(jnp.asarray(input_mask)),
+           "packed": bert.AttentionMask(jnp.asarray(sequence_ids > 0, jnp.int32),
+                                        jnp.asarray(sequence_ids))}
+  for name, mask in masks.items():
+    real = np.asarray(mask.input_mask, bool)
+    weights = jax.random.normal(jax.random.key(9), shape) * real[:, :, None, None]
+
+    def cudnn(q, k, v):
+      return jax.nn.dot_product_attention(q, k, v, implementation="cudnn",
+                                          **bert.dot_product_attention_kwargs(mask, "cudnn"))
+
+    def reference(q, k, v):
+      f32 = lambda x: x.astype(jnp.float32)
+      return reference_attention(f32(q), f32(k), f32(v), mask)
+
+    def outputs_and_grads(attend):
+      out, vjp = jax.vjp(attend, q, k, v)
+      return out.astype(jnp.float32), [g.astype(jnp.float32) for g in vjp(
+          weights.astype(out.dtype))]
+
+    (out, grads), (expected, expected_grads) = jax.jit(
+        lambda: (outputs_and_grads(cudnn), outputs_and_grads(reference)))()
+    assert_close(np.asarray(out)[real], np.asarray(expected)[real], 2e-2, name)
+    for g, e in zip(grads, expected_grads):
+      g, e = np.asarray(g), np.asarray(e)
+      assert_close(g[real], e[real], 5e-2, name)
+
+
 def test_packed_attention_mask_exact():
   ids = jnp.array([[1, 1, 2, 0]], jnp.int32)
   expected = np.array([[1, 1, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]], bool)
