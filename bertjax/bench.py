@@ -2,7 +2,20 @@
 
   python -m bertjax.bench --size=tiny,mini,base --batch_size=32 --seq_len=128 \
       [--max_predictions=20] [--steps=20] [--warmup=3] [--dtype=float32|bfloat16] \
-      [--peers=bertjax,torch,hf_flax] [--vocab_size=30522] [--json=OUT.json]
+      [--peers=bertjax,torch,hf_flax] [--vocab_size=30522] [--json=OUT.json] \
+      [--attention=auto|reference|xla|cudnn|splash] [--packing=K] [--remat=none|full|dots] \
+      [--optimizer=adamw|lamb] [--memory_only]
+
+bertjax's own choices: `--attention` (a fused path runs without attention dropout, which fused
+kernels cannot apply; `auto` and `reference` keep the paper's 0.1, so `auto` is the reference
+einsum), `--packing=K` (each row holds K sequences of seq_len / K tokens, with their sequence
+ids, positions and one [CLS] and NSP label each, and the same max_predictions per row: the cost
+of the block-diagonal mask; the gain of packing, fewer padding tokens, depends on the data and
+is reported by `python -m bertjax.data.benchmark`), `--remat` and `--optimizer`. Every bertjax
+row also gives the compiled memory per device of its train step
+(`jit(step).lower(...).compile().memory_analysis()`: arguments + outputs - donated + temporaries,
+XLA's own plan, for any shape on any backend); `--memory_only` compiles without running, so the
+memory of BERT-large at seq 512 can be read on a laptop.
 
 The peers run on the same machine, in one process, on the same random batch (every token real,
 `max_predictions` masked positions per example), and do the whole step: forward with dropout 0.1,
@@ -54,6 +67,7 @@ so to compare the two JAX peers' CPU memory, run each alone.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import os
@@ -86,28 +100,44 @@ HF_FLAX_MISSING = (
 
 
 def make_batch(vocab_size: int, batch_size: int, seq_len: int, max_predictions: int,
-               seed: int = 0) -> dict[str, np.ndarray]:
+               seed: int = 0, packing: int = 0) -> dict[str, np.ndarray]:
   """A random pretraining batch with the trainer's keys; every token real, all predictions used.
 
+  Args:
+    packing: 0 for one sequence a row; K >= 1 packs K sequences of seq_len // K tokens into each
+      row (the last takes the remainder), as `bertjax.data.loader` lays packed rows out.
   Returns:
     input_ids, segment_ids, input_mask [batch, seq] int32; masked_lm_positions, masked_lm_ids
-    [batch, predictions] int32 and masked_lm_weights float32 (distinct sorted positions in
-    [1, seq)); next_sentence_label [batch] int32; example_weight [batch] float32 (ones).
+    [batch, predictions] int32 and masked_lm_weights float32 (distinct sorted positions, none
+    on a [CLS]); next_sentence_label and example_weight (ones) [batch] int32 / float32, or
+    [batch, K] when packed, which adds position_ids, sequence_ids [batch, seq] and
+    cls_positions [batch, K].
   """
   rng = np.random.default_rng(seed)
-  positions = np.sort(np.stack([rng.choice(np.arange(1, seq_len), max_predictions, replace=False)
+  k = max(packing, 1)
+  starts = np.arange(k) * (seq_len // k)  # each sequence's [CLS]
+  sequence = np.searchsorted(starts, np.arange(seq_len), side="right")  # [seq] 1..K
+  position = np.arange(seq_len) - starts[sequence - 1]
+  maskable = np.setdiff1d(np.arange(seq_len), starts)
+  positions = np.sort(np.stack([rng.choice(maskable, max_predictions, replace=False)
                                 for _ in range(batch_size)]), axis=1)
   segment_ids = np.zeros((batch_size, seq_len), np.int32)
-  segment_ids[:, seq_len // 2:] = 1
-  return dict(
+  segment_ids[:, (position >= (seq_len // k) // 2)] = 1
+  batch = dict(
       input_ids=rng.integers(5, vocab_size, (batch_size, seq_len)).astype(np.int32),
       segment_ids=segment_ids,
       input_mask=np.ones((batch_size, seq_len), np.int32),
       masked_lm_positions=positions.astype(np.int32),
       masked_lm_ids=rng.integers(5, vocab_size, (batch_size, max_predictions)).astype(np.int32),
       masked_lm_weights=np.ones((batch_size, max_predictions), np.float32),
-      next_sentence_label=rng.integers(0, 2, batch_size).astype(np.int32),
-      example_weight=np.ones(batch_size, np.float32))
+      next_sentence_label=rng.integers(0, 2, (batch_size, k)[:1 + bool(packing)]).astype(
+          np.int32),
+      example_weight=np.ones((batch_size, k)[:1 + bool(packing)], np.float32))
+  if packing:
+    tile = lambda row: np.tile(row.astype(np.int32), (batch_size, 1))
+    batch.update(position_ids=tile(position), sequence_ids=tile(sequence),
+                 cls_positions=tile(starts))
+  return batch
 
 
 class _CpuPeakMemory:
@@ -161,14 +191,18 @@ def _time_steps(step: Callable[[], None], steps: int, warmup: int,
 
 
 def _bertjax_config(size: str, batch_size: int, seq_len: int, max_predictions: int,
-                    dtype: str, steps: int, warmup: int):
-  """configs/tiny.py with the benchmark's shapes, the paper's dropout and a flat learning rate."""
+                    dtype: str, steps: int, warmup: int, options: "BertjaxOptions"):
+  """configs/tiny.py with the benchmark's shapes, the paper's dropout (none on the attention
+  probabilities for a fused path) and a flat learning rate."""
   from bertjax.configs import tiny  # pylint: disable=import-outside-toplevel
   config = tiny.get_config()
   config.model.size = size
   config.model.dtype = dtype
   config.model.dropout_rate = 0.1
-  config.model.attention_dropout_rate = 0.1
+  config.model.attention = options.attention
+  config.model.attention_dropout_rate = 0.1 if options.attention in ("auto", "reference") else 0.0
+  config.model.remat = options.remat
+  config.train.optimizer = options.optimizer
   config.model.max_position_embeddings = max(512, seq_len)
   config.data.max_seq_length = seq_len
   config.data.max_predictions_per_seq = max_predictions
@@ -180,30 +214,93 @@ def _bertjax_config(size: str, batch_size: int, seq_len: int, max_predictions: i
   return config
 
 
+@dataclasses.dataclass(frozen=True)
+class BertjaxOptions:
+  """bertjax's own choices for its step (the flags of the same names)."""
+  attention: str = "auto"
+  packing: int = 0
+  remat: str = "none"
+  optimizer: str = "adamw"
+  memory_only: bool = False
+
+
+def compiled_memory_bytes(compiled) -> dict[str, int]:
+  """What XLA plans to hold per device for a compiled step: {arguments, outputs, temporaries,
+  total}, total = arguments + outputs - the donated (aliased) buffers + temporaries.
+
+  XLA's CPU compiler does not keep remat's savings in its plan (its schedule computes the
+  rematerialised forward early: a stack of checkpointed tanh layers plans more temporaries than
+  the plain one), so on CPU the remat rows differ in `saved_activation_bytes`, not here."""
+  analysis = compiled.memory_analysis()
+  parts = dict(arguments=analysis.argument_size_in_bytes, outputs=analysis.output_size_in_bytes,
+               temporaries=analysis.temp_size_in_bytes)
+  parts["total"] = (parts["arguments"] + parts["outputs"] - analysis.alias_size_in_bytes
+                    + parts["temporaries"])
+  return {k: int(v) for k, v in parts.items()}
+
+
+def saved_activation_bytes(loss: Callable[..., Any], *args) -> int:
+  """Bytes the backward pass of `loss` keeps from its forward pass: the residuals of
+  `jax.vjp(loss, *args)`, less those that are the arguments themselves (the parameters, the
+  batch). Traced only (args may be ShapeDtypeStructs), so it holds for any backend; it is what
+  remat trades for recomputation."""
+  from jax.extend import core  # pylint: disable=import-outside-toplevel
+  closed, shapes = jax.make_jaxpr(lambda *a: jax.vjp(loss, *a), return_shape=True)(*args)
+  jaxpr = closed.jaxpr
+  residuals = jaxpr.outvars[len(jaxpr.outvars) - len(jax.tree.leaves(shapes[1])):]
+  arguments = set(jaxpr.invars)
+  kept = {v for v in residuals if not isinstance(v, core.Literal) and v not in arguments}
+  return int(sum(v.aval.size * v.aval.dtype.itemsize for v in kept))
+
+
 def bench_bertjax(size: str, batch: dict[str, np.ndarray], vocab_size: int, dtype: str,
-                  steps: int, warmup: int) -> dict[str, Any]:
-  """Times bertjax's jitted train step; returns {step_times_s, peak_memory_bytes, device}."""
+                  steps: int, warmup: int, options: BertjaxOptions = BertjaxOptions()
+                  ) -> dict[str, Any]:
+  """Times bertjax's jitted train step; returns {step_times_s, peak_memory_bytes, device,
+  platform, attention (the path it resolved to), compiled_memory (compiled_memory_bytes)}.
+  With options.memory_only the step is compiled, not run, and step_times_s is empty."""
   # Imported here: the trainer pulls in orbax and tensorboardX, not needed for --peers=torch.
   from bertjax import parallel, train  # pylint: disable=import-outside-toplevel
   from bertjax.models import heads  # pylint: disable=import-outside-toplevel
   from bertjax.tasks import pretraining  # pylint: disable=import-outside-toplevel
   batch_size, seq_len = batch["input_ids"].shape
   max_predictions = batch["masked_lm_positions"].shape[1]
-  config = _bertjax_config(size, batch_size, seq_len, max_predictions, dtype, steps, warmup)
+  config = _bertjax_config(size, batch_size, seq_len, max_predictions, dtype, steps, warmup,
+                           options)
   device = jax.devices()[0]
   on_cpu = device.platform == "cpu"
   memory = _CpuPeakMemory()
   memory.start()
-  model = heads.BertForPreTraining(pretraining.model_config(config, vocab_size))
+  model_config = pretraining.model_config(config, vocab_size)
+  model = heads.BertForPreTraining(model_config)
   task = train.Task(model=model, terms=pretraining.make_terms(5),
                     batches=train.Batches(train=lambda position: iter(())))
   setup = train.build(config, task, batch)
+  batch_spec = jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=parallel.batch_sharding(setup.mesh)),
+      dict(batch))
+  compiled = setup.train_step.lower(setup.abstract_state, batch_spec).compile()
+
+  def loss(params, batch):
+    outputs = heads.apply_to_batch(model, params, batch, deterministic=False,
+                                   rngs={"dropout": jax.random.PRNGKey(0)})
+    return sum(jax.numpy.sum(values * weights) / jax.numpy.maximum(jax.numpy.sum(weights), 1)
+               for name, (values, weights) in task.terms(outputs, batch).items()
+               if train.is_loss(name))
+
+  planned = dict(compiled_memory_bytes(compiled), activations=saved_activation_bytes(
+      loss, setup.abstract_state["params"], batch_spec))
+  result = dict(device=device.device_kind, platform=device.platform,
+                attention=bert.resolve_attention(model_config, seq_len=seq_len),
+                compiled_memory=planned)
+  if options.memory_only:
+    return dict(result, step_times_s=[], peak_memory_bytes=0)
   state = setup.init_state()
   device_batch = parallel.global_batch(batch, setup.mesh)
 
   def step():
     nonlocal state
-    state, metrics = setup.train_step(state, device_batch)
+    state, metrics = compiled(state, device_batch)
     jax.block_until_ready((state, metrics))
 
   times = _time_steps(step, steps, warmup, memory.reset_peak)
@@ -212,8 +309,7 @@ def bench_bertjax(size: str, batch: dict[str, np.ndarray], vocab_size: int, dtyp
   else:
     peak = (device.memory_stats() or {}).get("peak_bytes_in_use", 0)
   del state
-  return dict(step_times_s=times, peak_memory_bytes=int(peak), device=device.device_kind,
-              platform=device.platform)
+  return dict(result, step_times_s=times, peak_memory_bytes=int(peak))
 
 
 def _hf_config(config: bert.BertConfig):
@@ -357,6 +453,26 @@ def bench_torch(config: bert.BertConfig, batch: dict[str, np.ndarray], dtype: st
               platform=device.type, attention=attention)
 
 
+def _check_options(options: BertjaxOptions, peers: Sequence[str], seq_len: int,
+                   max_predictions: int) -> None:
+  """Raises UserError naming the first of bertjax's own flags that cannot work."""
+  from bertjax import optim  # pylint: disable=import-outside-toplevel
+  for flag, value, allowed in (("attention", options.attention, bert.ATTENTIONS),
+                               ("remat", options.remat, bert.REMATS),
+                               ("optimizer", options.optimizer, optim.OPTIMIZERS)):
+    if value not in allowed:
+      raise UserError(f"unknown --{flag} {value!r}; use one of {', '.join(allowed)}.")
+  if (options.packing or options.memory_only) and list(peers) != ["bertjax"]:
+    raise UserError("--packing and --memory_only are bertjax's alone (transformers has no "
+                    "packing, and its memory is measured by running); add --peers=bertjax.")
+  if options.packing < 0 or options.packing and seq_len // options.packing < 2:
+    raise UserError(f"--packing={options.packing} leaves fewer than 2 tokens a sequence at "
+                    f"--seq_len={seq_len}; use 0 (no packing) or fewer sequences a row.")
+  if options.packing and max_predictions > seq_len - options.packing:
+    raise UserError(f"--max_predictions={max_predictions} is more than the {seq_len} - "
+                    f"{options.packing} tokens that are not [CLS]; lower it.")
+
+
 def _check(sizes: Sequence[str], peers: Sequence[str], dtype: str, **positive: int) -> None:
   """Raises UserError naming the first argument that cannot work."""
   for size in sizes:
@@ -386,28 +502,40 @@ def _check(sizes: Sequence[str], peers: Sequence[str], dtype: str, **positive: i
 
 def run(sizes: Sequence[str] = ("tiny",), peers: Sequence[str] | None = None, batch_size: int = 32,
         seq_len: int = 128, max_predictions: int = 20, steps: int = 20, warmup: int = 3,
-        dtype: str = "float32", vocab_size: int = 30522) -> list[dict[str, Any]]:
+        dtype: str = "float32", vocab_size: int = 30522,
+        options: BertjaxOptions = BertjaxOptions()) -> list[dict[str, Any]]:
   """Benchmarks each peer (default: `default_peers()`) at each size; one row per (size, peer).
 
   Returns:
     rows with size, peer, device, platform, dtype, batch_size, seq_len, max_predictions, steps,
     step_ms (median), step_ms_min, tokens_per_s, examples_per_s, peak_memory_bytes, model_flops,
     achieved_flops_per_s, mfu (None where the peak is unknown), and on bertjax rows, for each
-    other peer of the same size, speedup_vs_<peer> (bertjax tokens/s / that peer's tokens/s).
+    other peer of the same size, speedup_vs_<peer> (bertjax tokens/s / that peer's tokens/s),
+    plus attention (the path used), packing, remat, optimizer and compiled_memory (bytes per
+    device: arguments, outputs, temporaries, total). With options.memory_only the timing
+    fields are None.
   """
   peers = default_peers() if peers is None else peers
   _check(sizes, peers, dtype, batch_size=batch_size, seq_len=seq_len,
          max_predictions=max_predictions, steps=steps, warmup=warmup, vocab_size=vocab_size)
+  _check_options(options, peers, seq_len, max_predictions)
   rows = []
   for size in sizes:
     config = bert.bert_config(size, vocab_size=vocab_size, dtype=dtype,
                               max_position_embeddings=max(512, seq_len))
-    batch = make_batch(vocab_size, batch_size, seq_len, max_predictions)
+    batch = make_batch(vocab_size, batch_size, seq_len, max_predictions, packing=options.packing)
     flops = model_flops(config, batch_size, seq_len, max_predictions)
     by_peer = {}
     for peer in peers:
       if peer == "bertjax":
-        result = bench_bertjax(size, batch, vocab_size, dtype, steps, warmup)
+        result = bench_bertjax(size, batch, vocab_size, dtype, steps, warmup, options)
+        if options.memory_only:
+          rows.append(dict(size=size, peer=peer, device=result["device"],
+                           platform=result["platform"], dtype=dtype, batch_size=batch_size,
+                           seq_len=seq_len, max_predictions=max_predictions, steps=0,
+                           step_ms=None, tokens_per_s=None, mfu=None, model_flops=flops,
+                           peak_memory_bytes=None, **_bertjax_fields(result, options)))
+          continue
       elif peer == "torch":
         result = bench_torch(config, batch, dtype, steps, warmup)
       else:
@@ -424,6 +552,8 @@ def run(sizes: Sequence[str] = ("tiny",), peers: Sequence[str] | None = None, ba
                  mfu=None if peak is None else flops / step_s / peak)
       if "attention" in result:
         row["attention"] = result["attention"]
+      if peer == "bertjax":
+        row.update(_bertjax_fields(result, options))
       by_peer[peer] = row
       rows.append(row)
     for peer, row in by_peer.items():
@@ -431,6 +561,31 @@ def run(sizes: Sequence[str] = ("tiny",), peers: Sequence[str] | None = None, ba
         by_peer["bertjax"][f"speedup_vs_{peer}"] = (by_peer["bertjax"]["tokens_per_s"]
                                                     / row["tokens_per_s"])
   return rows
+
+
+def _bertjax_fields(result: dict[str, Any], options: BertjaxOptions) -> dict[str, Any]:
+  return dict(attention=result["attention"], packing=options.packing, remat=options.remat,
+              optimizer=options.optimizer, compiled_memory=result["compiled_memory"])
+
+
+def format_memory_table(rows: Sequence[dict[str, Any]]) -> str:
+  """The compiled memory per device of bertjax rows (--memory_only) as a text table."""
+  header = (f"{'size':<7} {'dtype':<9} {'batch':>5} {'seq':>5} {'attention':<10} {'remat':<6} "
+            f"{'optimizer':<9} {'args GiB':>9} {'temp GiB':>9} {'total GiB':>10} "
+            f"{'activations GiB':>16}")
+  lines = [header, "-" * len(header)]
+  for r in rows:
+    m = {k: v / 2**30 for k, v in r["compiled_memory"].items()}
+    lines.append(f"{r['size']:<7} {r['dtype']:<9} {r['batch_size']:>5} {r['seq_len']:>5} "
+                 f"{r['attention']:<10} {r['remat']:<6} {r['optimizer']:<9} "
+                 f"{m['arguments']:>9.2f} {m['temporaries']:>9.2f} {m['total']:>10.2f} "
+                 f"{m['activations']:>16.2f}")
+  lines.append(f"per device, as XLA compiled the train step for {rows[0]['platform']} "
+               "(arguments: parameters, optimizer state and batch; total = arguments + outputs "
+               "- donated + temporaries); activations: what the backward pass keeps from the "
+               "forward (jax.vjp's residuals), which remat trades for recomputation." if rows
+               else "")
+  return "\n".join(lines)
 
 
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
@@ -445,6 +600,8 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
             + "".join(f" {'jax/' + p:>11}" for p in others))
   lines = [header, "-" * len(header)]
   for r in rows:
+    if r["step_ms"] is None:  # --memory_only: see format_memory_table
+      continue
     mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
     ratios = [f"{r[f'speedup_vs_{p}']:.2f}x" if f"speedup_vs_{p}" in r else "" for p in others]
     lines.append(
@@ -456,6 +613,11 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
     r = rows[0]
     lines.append(f"batch {r['batch_size']} x seq {r['seq_len']}, {r['max_predictions']} "
                  f"predictions/example; median of {r['steps']} steps, each blocked to completion.")
+  for r in rows:
+    if "compiled_memory" in r:
+      lines.append(f"bertjax {r['size']}: attention {r['attention']}, packing {r['packing']}, "
+                   f"remat {r['remat']}, {r['optimizer']}; compiled memory per device "
+                   f"{r['compiled_memory']['total'] / 2**30:.2f} GiB.")
   lines.append(HF_LOGITS_NOTE)
   if len({r["platform"] for r in rows}) > 1:
     lines.append("WARNING: the peers ran on different platforms; the ratio compares devices.")
@@ -466,8 +628,7 @@ def _csv(text: str) -> list[str]:
   return [part.strip() for part in text.split(",") if part.strip()]
 
 
-def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
-  """Parses the flags, runs the benchmark, prints the table (and writes --json)."""
+def _parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(prog="python -m bertjax.bench", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--size", default="tiny", help="comma-separated BERT sizes")
@@ -482,16 +643,33 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
   parser.add_argument("--dtype", default="float32", help="compute dtype: float32 or bfloat16")
   parser.add_argument("--vocab_size", type=int, default=30522)
   parser.add_argument("--json", default="", help="also write the rows to this JSON file")
-  args = parser.parse_args(argv)
+  parser.add_argument("--attention", default="auto", help=(
+      "bertjax's attention: auto, reference, xla, cudnn, splash (fused ones without attention "
+      "dropout)"))
+  parser.add_argument("--packing", type=int, default=0,
+                      help="bertjax only: sequences packed into each row (0 = none)")
+  parser.add_argument("--remat", default="none", help="bertjax's remat: none, full, dots")
+  parser.add_argument("--optimizer", default="adamw", help="bertjax's optimizer: adamw, lamb")
+  parser.add_argument("--memory_only", action="store_true",
+                      help="bertjax only: compile the step and print its memory, run nothing")
+  return parser
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
+  """Parses the flags, runs the benchmark, prints the table (and writes --json)."""
+  args = _parser().parse_args(argv)
+  options = BertjaxOptions(attention=args.attention, packing=args.packing, remat=args.remat,
+                           optimizer=args.optimizer, memory_only=args.memory_only)
   try:
     rows = run(sizes=_csv(args.size), peers=None if args.peers is None else _csv(args.peers),
                batch_size=args.batch_size,
                seq_len=args.seq_len, max_predictions=args.max_predictions, steps=args.steps,
-               warmup=args.warmup, dtype=args.dtype, vocab_size=args.vocab_size)
+               warmup=args.warmup, dtype=args.dtype, vocab_size=args.vocab_size,
+               options=options)
   except UserError as e:
     print(f"bertjax.bench: error: {e}", file=sys.stderr)
     sys.exit(2)
-  print(format_table(rows))
+  print(format_memory_table(rows) if args.memory_only else format_table(rows))
   if args.json:
     with open(args.json, "w", encoding="utf-8") as f:
       json.dump({"rows": rows, "note": HF_LOGITS_NOTE}, f, indent=2)

@@ -12,6 +12,9 @@ from typing import Any
 import jax
 import ml_collections
 
+from bertjax.errors import UserError
+from bertjax.models import bert
+
 AUTO = "auto"
 
 
@@ -39,3 +42,14 @@ def bert_overrides(model: ml_collections.ConfigDict) -> dict[str, Any]:
   overrides = {name: model[name] for name in fields if name in model}
   overrides["dtype"] = resolve_dtype(model.get("dtype", "float32"))
   return overrides
+
+
+def check_attention(config: bert.BertConfig, seq_lens: list[int]) -> None:
+  """Raises UserError where the config's attention path cannot run here at one of `seq_lens`
+  (splash off a TPU or at a length not a multiple of 128, cudnn off a GPU), naming the fix."""
+  for seq_len in seq_lens:
+    try:
+      bert.resolve_attention(config, seq_len=seq_len)
+    except ValueError as e:
+      raise UserError(f"model.attention={config.attention!r}: {e}".replace(
+          "attention=auto", "--config.model.attention=auto")) from None

@@ -316,11 +316,14 @@ def evaluate(setup: Setup, task: Task, params: Params, max_batches: int = -1
 
 
 def restore_or_init(config: ml_collections.ConfigDict, setup: Setup,
-                    checkpoints: checkpoint.Checkpoints) -> tuple[TrainState, dict | None]:
+                    checkpoints: checkpoint.Checkpoints,
+                    vocab_size: int | None = None) -> tuple[TrainState, dict | None]:
   """The start state: latest checkpoint, else init_checkpoint's parameters, else fresh.
 
   The task's head (every top-level parameter but the encoder 'bert') stays fresh, with a
-  message, where init_checkpoint's has other shapes (another task or number of labels). A latest
+  message, where init_checkpoint's has other shapes (another task or number of labels). The
+  vocabulary rows of init_checkpoint's embedding and MLM bias are adapted to this model's
+  padding when `vocab_size` (the real vocabulary) is given. A latest
   checkpoint that does not read back whole is moved aside, with a warning, and the newest that
   does is resumed (`checkpoint.Checkpoints.resume`).
   """
@@ -330,8 +333,12 @@ def restore_or_init(config: ml_collections.ConfigDict, setup: Setup,
   if config.init_checkpoint:
     head = [name for name in state["params"] if name != "bert"]
     params, report = checkpoint.load_params(config.init_checkpoint, state["params"],
-                                            fresh_on_mismatch=tuple(f"{h}/" for h in head))
+                                            fresh_on_mismatch=tuple(f"{h}/" for h in head),
+                                            vocab_size=vocab_size)
     print(f"init_checkpoint: {len(report.loaded)} parameters from {report.step_dir}")
+    if report.resized:
+      print(f"init_checkpoint: vocabulary rows padded to this model's for "
+            f"{', '.join(report.resized)}")
     if report.replaced:
       print(f"init_checkpoint: its {' and '.join(head)} has other shapes (another task or number "
             f"of labels); freshly initialised {', '.join(report.replaced)}")
@@ -443,7 +450,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, task: Ta
     checkpoints = checkpoint.Checkpoints(
         workdir / "checkpoints", save_every_steps=tr.checkpoint_every_steps,
         keep=tr.keep_checkpoints)
-    state, position = restore_or_init(config, setup, checkpoints)
+    state, position = restore_or_init(config, setup, checkpoints,
+                                      getattr(task.model.config, "vocab_size", None))
     start_step = int(state["step"])
     total = tr.num_train_steps
     # Where this process stops: the end of the run, or earlier for a time-boxed job.

@@ -6,11 +6,13 @@ transformers 5 replaces; its real run is the one test here that skips without it
 import json
 import math
 
+import flax
+import jax
 import pytest
 
 from bertjax import bench
 from bertjax.errors import UserError
-from bertjax.models import bert
+from bertjax.models import bert, heads
 
 TINY = dict(batch_size=4, seq_len=16, max_predictions=3, steps=2, warmup=1, vocab_size=128)
 
@@ -134,3 +136,46 @@ def test_cli_reports_bad_size_in_one_line(capsys):
   assert exit_info.value.code == 2
   err = capsys.readouterr().err
   assert err.startswith("bertjax.bench: error: unknown --size 'huge'") and err.count("\n") == 1
+
+
+def test_bertjax_options_and_packed_batches(capsys):
+  rows = bench.main(["--size=tiny", "--peers=bertjax", "--batch_size=4", "--seq_len=16",
+                     "--max_predictions=3", "--steps=2", "--warmup=1", "--vocab_size=128",
+                     "--attention=xla", "--packing=2", "--remat=full", "--optimizer=lamb"])
+  _check_figures(rows)
+  [row] = rows
+  assert (row["attention"], row["packing"], row["remat"], row["optimizer"]) == (
+      "xla", 2, "full", "lamb")
+  assert "attention xla, packing 2, remat full, lamb" in capsys.readouterr().out
+  batch = bench.make_batch(128, 2, 16, 3, packing=2)
+  assert batch["sequence_ids"][0].tolist() == [1] * 8 + [2] * 8
+  assert batch["position_ids"][0].tolist() == list(range(8)) * 2
+  assert batch["cls_positions"].tolist() == [[0, 8]] * 2
+  assert batch["next_sentence_label"].shape == batch["example_weight"].shape == (2, 2)
+  assert not set(batch["masked_lm_positions"].ravel()) & {0, 8}  # no [CLS] is masked
+
+
+def test_compiled_memory_without_running(capsys):
+  """--memory_only compiles the step and reads XLA's plan: the arguments hold the parameters
+  and AdamW's two moments (float32), and full remat keeps fewer activations."""
+  args = ["--size=tiny", "--peers=bertjax", "--batch_size=8", "--seq_len=128",
+          "--max_predictions=20", "--vocab_size=128", "--memory_only"]
+  [none] = bench.main(args)
+  [full] = bench.main(args + ["--remat=full"])
+  assert "total GiB" in capsys.readouterr().out and none["step_ms"] is None
+  model = heads.BertForPreTraining(bert.bert_config("tiny", vocab_size=128))
+  shapes = jax.eval_shape(lambda rng, batch: heads.init_from_batch(model, rng, batch),
+                          jax.random.PRNGKey(0), bench.make_batch(128, 8, 128, 20))
+  params = sum(math.prod(x.shape) for x in jax.tree.leaves(flax.linen.unbox(shapes)))
+  assert none["compiled_memory"]["arguments"] >= 3 * 4 * params
+  # What the backward keeps: full remat keeps each layer's input only.
+  assert full["compiled_memory"]["activations"] < none["compiled_memory"]["activations"] / 3
+
+
+def test_bertjax_only_options_are_refused_with_other_peers():
+  with pytest.raises(UserError, match="--peers=bertjax"):
+    bench.run(sizes=["tiny"], peers=["bertjax", "torch"], **{**TINY},
+              options=bench.BertjaxOptions(packing=2))
+  with pytest.raises(UserError, match="unknown --remat 'most'"):
+    bench.run(sizes=["tiny"], peers=["bertjax"], **TINY,
+              options=bench.BertjaxOptions(remat="most"))

@@ -1,4 +1,6 @@
 """Tests of bertjax.model_options: the compute dtype by backend and the run's BertConfig fields."""
+import re
+
 import ml_collections
 import pytest
 
@@ -36,3 +38,18 @@ def test_fast_variant_of_base():
   assert fast.model.attention == "auto" and fast.model.dtype == "auto"
   with pytest.raises(UserError, match="configs/base.py:fast"):
     base.get_config("fastest")
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(attention="splash"), "splash attention needs a TPU, and this backend is 'cpu'; use "
+                               "--config.model.attention=auto"),
+    (dict(attention="cudnn", dtype="bfloat16"), "cudnn attention needs an NVIDIA GPU"),
+    (dict(attention="xla", attention_dropout_rate=0.1), "cannot drop attention probabilities"),
+    (dict(remat="some"), "BertConfig.remat='some'"),
+])
+def test_pretraining_refuses_a_model_that_cannot_run_before_preparing(fields, message):
+  from bertjax.tasks import pretraining  # pylint: disable=import-outside-toplevel
+  config = tiny.get_config()
+  config.model.update(fields)
+  with pytest.raises(UserError, match=re.escape(message)):
+    pretraining.check_config(config)

@@ -171,14 +171,19 @@ def test_sigterm_saves_a_checkpoint_and_the_run_resumes(sig, corpus, tmp_path):
 
 
 def test_init_checkpoint_takes_parameters_only(corpus, tmp_path):
+  # The first model's vocabulary is unpadded (as a checkpoint from before padding); the second
+  # pads it to a multiple of 128: its real rows are loaded, the padding rows are added.
   first, second = tmp_path / "first", tmp_path / "second"
-  out = _run(first, _flags(corpus, "--config.train.num_train_steps=2"))
+  out = _run(first, _flags(corpus, "--config.train.num_train_steps=2",
+                           "--config.model.pad_vocab_to_multiple=1"))
   assert out.returncode == 0, out.stderr[-3000:]
   out = _run(second, _flags(corpus, "--config.train.num_train_steps=2",
                             f"--config.init_checkpoint={first}"))
   assert out.returncode == 0, out.stderr[-3000:]
   params, _ = _saved_params(first)
   assert f"init_checkpoint: {len(jax.tree.leaves(params))} parameters from" in out.stdout
+  assert ("vocabulary rows padded to this model's for bert/embeddings/word_embeddings/embedding, "
+          "masked_lm/output_bias") in out.stdout
   # The step, optimizer state and schedule start afresh: the first step has learning rate 0.
   records = [r for r in _metrics(second) if r["split"] == "train"]
   assert [r["step"] for r in records] == [1, 2] and records[0]["learning_rate"] == 0.0

@@ -139,8 +139,13 @@ def load_pretrained(config: ml_collections.ConfigDict, what: str) -> Pretrained:
                     "pretraining workdir or a directory from `python -m bertjax.convert "
                     "--from=hf|tf`.")
   model_dir = model_files.find_model_dir(config.init_checkpoint)
-  bert_config = dataclasses.replace(model_files.load_bert_config(model_dir),
-                                    **model_options.bert_overrides(config.model))
+  try:
+    bert_config = dataclasses.replace(model_files.load_bert_config(model_dir),
+                                      **model_options.bert_overrides(config.model))
+  except ValueError as e:
+    raise UserError(f"bad model config: {e}".rstrip(".") + ". Check the config.model fields.") \
+        from None
+  model_options.check_attention(bert_config, [config.data.max_seq_length])
   if config.data.max_seq_length > bert_config.max_position_embeddings:
     raise UserError(f"data.max_seq_length={config.data.max_seq_length} exceeds the model's "
                     f"{bert_config.max_position_embeddings} positions; lower it.")

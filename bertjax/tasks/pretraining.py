@@ -79,18 +79,22 @@ def check_config(config: ml_collections.ConfigDict) -> None:
                     f"({tr.num_train_steps}).")
   if tr.learning_rate <= 0:
     raise UserError(f"train.learning_rate={tr.learning_rate}; use a positive rate.")
+  model_config(config, data.vocab_size)  # the model fields, before any text is prepared
 
 
 def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> bert.BertConfig:
   """The frozen BertConfig of `config.model` for a vocabulary of `vocab_size`."""
   m = config.model
   try:
-    return bert.bert_config(
+    bert_config = bert.bert_config(
         m.size, vocab_size=vocab_size, hidden_act=m.hidden_act,
         max_position_embeddings=m.max_position_embeddings, **model_options.bert_overrides(m))
   except (KeyError, ValueError) as e:
     raise UserError(f"bad model config: {e}".rstrip(".") + ". Check the config.model fields.") \
         from e
+  model_options.check_attention(
+      bert_config, [n for n in (config.data.max_seq_length, config.data.long_seq_length) if n])
+  return bert_config
 
 
 # ----------------------------------------------------------------------------------------------
