@@ -239,18 +239,28 @@ def compiled_memory_bytes(compiled) -> dict[str, int]:
   return {k: int(v) for k, v in parts.items()}
 
 
-def saved_activation_bytes(loss: Callable[..., Any], *args) -> int:
+def saved_activation_bytes(loss: Callable[..., Any], *args, seq_len: int) -> dict[str, int]:
   """Bytes the backward pass of `loss` keeps from its forward pass: the residuals of
   `jax.vjp(loss, *args)`, less those that are the arguments themselves (the parameters, the
   batch). Traced only (args may be ShapeDtypeStructs), so it holds for any backend; it is what
-  remat trades for recomputation."""
+  remat trades for recomputation.
+
+  Returns:
+    {"activations": all of them, "attention_matrices": those shaped [..., seq_len, seq_len]
+    (scores, probabilities, dropout masks), which a fused attention kernel (cuDNN, splash) does
+    not keep: it saves [batch, heads, seq] softmax statistics instead}.
+  """
   from jax.extend import core  # pylint: disable=import-outside-toplevel
   closed, shapes = jax.make_jaxpr(lambda *a: jax.vjp(loss, *a), return_shape=True)(*args)
   jaxpr = closed.jaxpr
   residuals = jaxpr.outvars[len(jaxpr.outvars) - len(jax.tree.leaves(shapes[1])):]
   arguments = set(jaxpr.invars)
-  kept = {v for v in residuals if not isinstance(v, core.Literal) and v not in arguments}
-  return int(sum(v.aval.size * v.aval.dtype.itemsize for v in kept))
+  kept = [v.aval for v in {v for v in residuals
+                           if not isinstance(v, core.Literal) and v not in arguments}]
+  size = lambda aval: aval.size * aval.dtype.itemsize
+  return dict(activations=int(sum(size(a) for a in kept)),
+              attention_matrices=int(sum(size(a) for a in kept
+                                         if a.shape[-2:] == (seq_len, seq_len))))
 
 
 def bench_bertjax(size: str, batch: dict[str, np.ndarray], vocab_size: int, dtype: str,
@@ -288,8 +298,8 @@ def bench_bertjax(size: str, batch: dict[str, np.ndarray], vocab_size: int, dtyp
                for name, (values, weights) in task.terms(outputs, batch).items()
                if train.is_loss(name))
 
-  planned = dict(compiled_memory_bytes(compiled), activations=saved_activation_bytes(
-      loss, setup.abstract_state["params"], batch_spec))
+  planned = dict(compiled_memory_bytes(compiled), **saved_activation_bytes(
+      loss, setup.abstract_state["params"], batch_spec, seq_len=seq_len))
   result = dict(device=device.device_kind, platform=device.platform,
                 attention=bert.resolve_attention(model_config, seq_len=seq_len),
                 compiled_memory=planned)
@@ -572,19 +582,20 @@ def format_memory_table(rows: Sequence[dict[str, Any]]) -> str:
   """The compiled memory per device of bertjax rows (--memory_only) as a text table."""
   header = (f"{'size':<7} {'dtype':<9} {'batch':>5} {'seq':>5} {'attention':<10} {'remat':<6} "
             f"{'optimizer':<9} {'args GiB':>9} {'temp GiB':>9} {'total GiB':>10} "
-            f"{'activations GiB':>16}")
+            f"{'activations GiB':>16} {'of which seq x seq':>19}")
   lines = [header, "-" * len(header)]
   for r in rows:
     m = {k: v / 2**30 for k, v in r["compiled_memory"].items()}
     lines.append(f"{r['size']:<7} {r['dtype']:<9} {r['batch_size']:>5} {r['seq_len']:>5} "
                  f"{r['attention']:<10} {r['remat']:<6} {r['optimizer']:<9} "
                  f"{m['arguments']:>9.2f} {m['temporaries']:>9.2f} {m['total']:>10.2f} "
-                 f"{m['activations']:>16.2f}")
+                 f"{m['activations']:>16.2f} {m['attention_matrices']:>19.2f}")
   lines.append(f"per device, as XLA compiled the train step for {rows[0]['platform']} "
                "(arguments: parameters, optimizer state and batch; total = arguments + outputs "
                "- donated + temporaries); activations: what the backward pass keeps from the "
-               "forward (jax.vjp's residuals), which remat trades for recomputation." if rows
-               else "")
+               "forward (jax.vjp's residuals), which remat trades for recomputation; of which "
+               "seq x seq: the attention matrices among them, which a fused kernel (cuDNN, "
+               "splash) does not keep." if rows else "")
   return "\n".join(lines)
 
 

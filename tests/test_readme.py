@@ -78,11 +78,18 @@ def test_every_readme_command_names_real_flags_and_config_fields():
   mains = _readme_commands("python -m bertjax.main")
   assert len(mains) >= 8, mains
   for args in mains:
-    [name] = [a.split("/")[-1][:-3] for a in args if a.startswith("--config=")]
-    config = importlib.import_module(f"bertjax.configs.{name}").get_config()
+    [(name, arg)] = [a.split("/")[-1].partition(".py")[::2] for a in args
+                     if a.startswith("--config=")]
+    config = importlib.import_module(f"bertjax.configs.{name}").get_config(arg[1:] or None)
     for arg in args:
       if arg.startswith("--config."):
         node = config
         for part in arg[len("--config."):].split("=")[0].split("."):
           assert part in node, (name, arg)
           node = node[part]
+  from bertjax import bench  # pylint: disable=import-outside-toplevel
+  benches = _readme_commands("python -m bertjax.bench")
+  assert len(benches) >= 4, benches
+  for args in benches:
+    _, unknown = bench._parser().parse_known_args(args)  # pylint: disable=protected-access
+    assert not unknown, (args, unknown)
