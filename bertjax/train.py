@@ -195,8 +195,9 @@ def make_eval_step(task: Task, *, with_terms: bool = True):
   def eval_step(params, batch):
     outputs = heads.apply_to_batch(task.model, params, batch, deterministic=True)
     weight = batch["example_weight"]
-    # Padded rows (example_weight 0) count for no term.
-    terms = {name: (values, weights * weight.reshape(weight.shape + (1,) * (weights.ndim - 1)))
+    # Padded rows or packed slots (example_weight [batch] or [batch, k], 0) count for no term.
+    terms = {name: (values, weights * weight.reshape(weight.shape
+                                                     + (1,) * (weights.ndim - weight.ndim)))
              for name, (values, weights) in task.terms(outputs, batch).items()
              } if with_terms else {}
     predictions = {}

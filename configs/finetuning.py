@@ -26,8 +26,9 @@ def get_config(arg=None):
   config.data = ml_collections.ConfigDict()  # each task's config adds its files and fields
   config.data.max_seq_length = 128  # tokens per sequence with [CLS]/[SEP]; longer input is cut
   config.data.length_buckets = "auto"  # each batch cut to the shortest of these lengths that
-  # holds its longest example (GLUE, NER, SWAG; SQuAD always pads): "auto" = powers of two from
-  # 32, then max_seq_length; or e.g. "32,64,128"; "" = every batch padded to max_seq_length
+  # holds its longest example or row (GLUE, NER, SWAG; SQuAD always pads): "auto" = every
+  # multiple of 32; or e.g. "32,64,128"; "" = every batch padded to max_seq_length
+  config.data.packing = 0  # examples a row (GLUE): each pooled from its own [CLS]; 0 = one a row
 
   config.train = ml_collections.ConfigDict()
   config.train.batch_size = 32  # global batch of examples (all devices, all hosts)

@@ -20,7 +20,7 @@ from bertjax import metrics, parallel, train
 from bertjax.configs import finetuning as finetuning_config
 from bertjax.errors import UserError
 from bertjax.models import heads
-from bertjax.tasks import finetuning
+from bertjax.tasks import finetuning, glue
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 ANIMALS = ["cat", "dog", "bird"]
@@ -152,8 +152,8 @@ def test_user_set_steps_and_warmup_are_kept():
 
 
 @pytest.mark.parametrize("value, max_seq_length, expected", [
-    ("auto", 128, (32, 64, 128)),
-    ("auto", 384, (32, 64, 128, 256, 384)),
+    ("auto", 128, (32, 64, 96, 128)),
+    ("auto", 100, (32, 64, 96, 100)),
     ("auto", 32, (32,)),
     ("auto", 20, (20,)),
     ("", 128, ()),
@@ -198,17 +198,19 @@ def _eval_and_step(setup, task, with_step):
   first train batch's width, the first train step's loss and gradient norm)."""
   state = setup.init_state()
   totals, predictions = train.run_eval_step(setup, state["params"], task.batches.eval())
+  predictions = finetuning.in_example_order(predictions)  # packed: back in the examples' order
   masks, widths = [], []
   for batch in task.batches.eval():
-    real = batch["example_weight"] > 0
-    masks += list(batch["input_mask"][real])
+    real = batch["example_weight"] > 0  # [batch], or [batch, k] packed (no mask per example)
+    masks += list(batch["input_mask"][real]) if real.ndim == 1 else []
     widths += [batch["input_mask"].shape[1]] * int(real.sum())
   first = next(task.batches.train(None))[0]
   step = {}
   if with_step:
     _, step_metrics = setup.train_step(state, parallel.global_batch(first, setup.mesh))
     step = {name: float(getattr(step_metrics, name).compute()) for name in ("loss", "grad_norm")}
-  return predictions, train.means(totals), masks, np.array(widths), first["input_ids"].shape[1], step
+  width = first["input_ids"].shape[1]
+  return predictions, train.means(totals), masks, np.array(widths), width, step
 
 
 @pytest.mark.parametrize("spec, with_step", [
@@ -244,3 +246,74 @@ def test_length_buckets_give_the_outputs_of_full_padding(spec, with_step, model_
   assert step.keys() == full_step.keys() == ({"loss", "grad_norm"} if with_step else set())
   for name in step:
     np.testing.assert_allclose(step[name], full_step[name], rtol=1e-5, err_msg=name)
+
+
+def test_packing_gives_the_outputs_of_unpacked_batches(model_dir, animal_data, tmp_path):
+  """Four examples a row, each pooled from its own [CLS]: per-example logits (back in the
+  examples' order), the eval metrics and a train step's loss and gradient norm are those of one
+  example a row."""
+  spec = dataclasses.replace(ANIMAL_SPEC, predict=_logits, padding_invariant=True, packable=True)
+  tasks = {}
+  for packing, buckets in ((0, ""), (4, "40,48")):  # rows of 4 sentences of 6-10 tokens
+    config = _config(model_dir, animal_data)
+    config.data.packing, config.data.length_buckets = packing, buckets
+    config.train.eval_batch_size = 8
+    tasks[packing] = finetuning.make_task(spec, config, str(tmp_path))
+  setup = train.build(config, tasks[4], next(tasks[4].batches.train(None))[0])
+  full, full_means, _, _, _, full_step = _eval_and_step(setup, tasks[0], True)
+  packed, means, _, widths, train_width, step = _eval_and_step(setup, tasks[4], True)
+  batch = next(tasks[4].batches.train(None))[0]
+  assert batch["input_ids"].shape == (4, train_width) and batch["label"].shape == (4, 4)
+  assert train_width in (40, 48) and set(widths) <= {40, 48, 64}
+  np.testing.assert_allclose(packed["logits"], full["logits"], rtol=1e-5, atol=1e-5)
+  assert means.keys() == full_means.keys() == {"loss", "accuracy"}
+  for name in full_means:
+    np.testing.assert_allclose(means[name], full_means[name], rtol=1e-5, err_msg=name)
+  for name in ("loss", "grad_norm"):
+    np.testing.assert_allclose(step[name], full_step[name], rtol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(packing=-1), "data.packing=-1"),
+    (dict(packing=3), "train.batch_size=16 with data.packing=3 makes 5.33333 rows"),
+    (dict(packing=4, eval_batch_size=6), "train.eval_batch_size=6 with data.packing=4"),
+])
+def test_bad_packing_is_refused(change, message, model_dir, animal_data, tmp_path):
+  config = _config(model_dir, animal_data)
+  config.data.packing = change["packing"]
+  config.train.eval_batch_size = change.get("eval_batch_size", 32)
+  spec = dataclasses.replace(ANIMAL_SPEC, packable=True)
+  with pytest.raises(UserError, match=message):
+    finetuning.make_task(spec, config, str(tmp_path))
+  config.data.packing = 4
+  with pytest.raises(UserError, match="cannot pack"):
+    finetuning.make_task(ANIMAL_SPEC, config, str(tmp_path))
+
+
+def test_packed_rows_take_buckets_up_to_k_sequences():
+  config = finetuning_config.get_config()
+  assert finetuning.length_buckets(config, 4) == tuple(range(32, 513, 32))
+  config.data.length_buckets = "200"
+  assert finetuning.length_buckets(config, 4) == (200, 512)
+  config.data.length_buckets = "600"
+  with pytest.raises(UserError, match="from 1 to data.max_seq_length=128 x data.packing=4"):
+    finetuning.length_buckets(config, 4)
+
+
+@pytest.mark.parametrize("num_labels", [1, 3])  # STS-B's score, a classifier
+def test_glue_terms_and_predictions_of_packed_batches(num_labels):
+  """GLUE's loss terms and predictions on [rows, k] examples are those of the same examples
+  unpacked ([rows * k])."""
+  rng = np.random.default_rng(0)
+  logits = rng.normal(size=(2, 4, num_labels)).astype(np.float32)
+  label = (rng.normal(size=(2, 4)) if num_labels == 1 else rng.integers(0, 3, (2, 4))
+           ).astype(np.float32 if num_labels == 1 else np.int32)
+  packed = {"label": label, "example_weight": np.ones((2, 4), np.float32)}
+  flat = {key: value.reshape(8) for key, value in packed.items()}
+  for name, (values, weights) in glue.terms(logits, packed).items():
+    flat_values, flat_weights = glue.terms(logits.reshape(8, num_labels), flat)[name]
+    np.testing.assert_allclose(np.reshape(values, 8), flat_values, rtol=1e-6, err_msg=name)
+    np.testing.assert_array_equal(np.reshape(weights, 8), flat_weights)
+  for name, value in glue.predict(logits, packed).items():
+    np.testing.assert_array_equal(np.reshape(value, 8),
+                                  glue.predict(logits.reshape(8, num_labels), flat)[name])

@@ -240,3 +240,72 @@ def test_multiple_choice_features_are_cut_on_their_last_axis():
   assert width == min(b for b in (4, 8, 12, 16)
                       if b >= pipeline.example_lengths(mask[:8]).max())
   np.testing.assert_array_equal(batch["input_mask"], mask[:8, :, :width])
+
+
+# ---- packing -----------------------------------------------------------------------------------
+
+
+def test_balanced_rows():
+  plan = pipeline.balanced_rows(np.array([5, 9, 2, 7, 3, 8]), num_rows=3, k=2)
+  # longest first, each into the open row with the fewest tokens: 9 | 8 | 7, then 5 -> row 2,
+  # 3 -> row 1, 2 -> row 0
+  np.testing.assert_array_equal(plan, [[1, 2], [5, 4], [3, 0]])
+  lengths = np.random.default_rng(0).integers(1, 40, 30)
+  plan = pipeline.balanced_rows(lengths, num_rows=8, k=4)
+  assert sorted(plan[plan >= 0]) == list(range(30)) and (plan >= 0).sum(1).max() <= 4
+  tokens = np.where(plan >= 0, lengths[plan], 0).sum(1)
+  assert tokens.max() - tokens.min() <= lengths.max()
+
+
+def _unpacked_rows(packed, features):
+  """{example index: (row, its tokens, its label)} of a packed batch, read back from its layout
+  (cls_positions, sequence_ids, position_ids), with `features`' example ids (input_ids = i + 1)."""
+  out = {}
+  for r in range(len(packed["input_ids"])):
+    for slot in np.flatnonzero(packed["example_weight"][r] > 0):
+      tokens = packed["sequence_ids"][r] == slot + 1
+      ids = packed["input_ids"][r][tokens]
+      assert packed["cls_positions"][r, slot] == np.flatnonzero(tokens)[0]
+      np.testing.assert_array_equal(packed["position_ids"][r][tokens], np.arange(tokens.sum()))
+      example = int(ids[0]) - 1
+      np.testing.assert_array_equal(ids, features["input_ids"][example][
+          features["input_mask"][example] > 0])
+      assert packed["label"][r, slot] == features["label"][example]
+      out[example] = r
+  return out
+
+
+def test_packed_batches_hold_the_global_batch_k_a_row_on_every_host():
+  features, _ = _varied(n=64, seed=2)
+  features.pop("label_ids")  # packing takes tokens and per-example keys
+  plain = _batches(features, batch_size=16)
+  hosts = [_batches(features, batch_size=8, process_index=p, process_count=2, packing=4,
+                    length_buckets=(8, 16, 24, 32)) for p in range(2)]
+  for (whole, position), *parts in itertools.islice(
+      zip(plain.iterate(), *(h.iterate() for h in hosts)), 6):
+    assert {part["input_ids"].shape for part, _ in parts} == {parts[0][0]["input_ids"].shape}
+    assert all(part_position == position for _, part_position in parts)
+    rows, width = parts[0][0]["input_ids"].shape
+    assert rows == 2 and width in (8, 16, 24, 32, 64)  # 4 examples of 2-16 tokens a row
+    seen = {}
+    for p, (part, _) in enumerate(parts):
+      assert part["label"].shape == part["example_weight"].shape == (2, 4)
+      seen.update({e: p * 2 + r for e, r in _unpacked_rows(part, features).items()})
+    assert sorted(seen) == sorted(_rows(whole))  # the same 16 examples, each once
+  evals = [list(h.eval_batches()) for h in hosts]
+  order = []
+  for parts in zip(*evals):
+    for part in parts:
+      real = part["example_weight"] > 0
+      order.extend(part["example_index"][real])
+      assert set(_unpacked_rows(part, features)) == set(part["example_index"][real])
+  assert sorted(order) == list(range(64))
+
+
+def test_a_last_small_eval_batch_fills_rows_k_at_a_time():
+  features, _ = _varied(n=20, seed=3)
+  features.pop("label_ids")
+  batches = _batches(features, batch_size=16, packing=4)
+  last = list(batches.eval_batches())[-1]  # 4 examples: one full row, three empty
+  np.testing.assert_array_equal((last["example_weight"] > 0).sum(1), [4, 0, 0, 0])
+  assert not last["input_mask"][1:].any()

@@ -25,6 +25,15 @@ hosts agree on the shape, and the jitted steps compile once per bucket. Every ar
 input_mask ([N, seq] or [N, choices, seq], and any [N, seq, ...]) is cut on its seq axis; only
 padding columns go, so a model that masks padding (and a loss weighted off it) gives the same
 per-example outputs.
+
+Packing (`FeatureBatches(packing=k)`, Krell et al. 2021, for sequence-level tasks): the G examples
+of a global batch are laid out k to a row in G / k rows (`balanced_rows`: longest first, each
+into the open row with the fewest tokens), in the packed layout of `bertjax.data.packing`
+(position_ids, sequence_ids, cls_positions; per-example keys [rows, k]). A global batch is still
+the same G examples, so steps, epochs and data positions are those of unpacked batches. Rows are
+cut to the smallest length bucket that holds the longest row (k * seq without buckets); each host
+takes its block of rows. Evaluation batches carry `example_index` [rows, k], each example's
+index, so that predictions can be put back in the examples' order.
 """
 from __future__ import annotations
 
@@ -32,6 +41,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
+from bertjax.data import packing as packing_layout
 from bertjax.errors import UserError
 
 Position = dict[str, int]
@@ -53,11 +63,15 @@ class FeatureBatches:
     length_buckets: sequence lengths a batch may be cut to (module docstring), needing an
       input_mask feature; input_mask's own length is added as the last bucket (longer ones are
       dropped). Empty: every batch keeps the features' full length.
+    packing: k > 0 lays out k examples a row (module docstring): features are input_ids,
+      segment_ids, input_mask [N, seq] (real tokens first) and per-example keys [N]; the global
+      batch (and the eval batch) must split into rows of k evenly over the hosts. The buckets
+      are then row lengths, up to k * seq.
   """
 
   def __init__(self, features: Mapping[str, np.ndarray], *, batch_size: int, seed: int,
                process_index: int = 0, process_count: int = 1, shuffle: bool = True,
-               threads: int = 1, length_buckets: Sequence[int] = ()):
+               threads: int = 1, length_buckets: Sequence[int] = (), packing: int = 0):
     if not 0 <= process_index < process_count:
       raise ValueError(f"process_index {process_index} not in [0, {process_count})")
     if batch_size < 1:
@@ -74,15 +88,19 @@ class FeatureBatches:
     self.seed, self.shuffle, self.threads = seed, shuffle, threads
     self.process_index, self.process_count = process_index, process_count
     self._cut_keys, self._lengths, self.buckets = (), None, ()
-    if length_buckets:
+    self.packing = packing
+    if length_buckets or packing:
       if "input_mask" not in self._features:
-        raise ValueError("length buckets need an input_mask feature")
+        raise ValueError("length buckets and packing need an input_mask feature")
       mask = self._features["input_mask"]
-      seq = mask.shape[-1]
-      self.buckets = tuple(sorted({int(b) for b in length_buckets if 0 < b < seq} | {seq}))
       self._lengths = example_lengths(mask)
       self._cut_keys = tuple(key for key, value in self._features.items()
                              if value.shape[:mask.ndim] == mask.shape)
+      longest = mask.shape[-1] * max(packing, 1)  # a row's tokens at most
+      self.buckets = tuple(sorted({int(b) for b in length_buckets if 0 < b < longest}
+                                  | {longest}))
+    if packing:
+      self._check_packable(packing)
 
   @property
   def steps_per_epoch(self) -> int:
@@ -117,6 +135,8 @@ class FeatureBatches:
     mine = slice(self.process_index * self.batch_size, (self.process_index + 1) * self.batch_size)
 
     def make_batch(rows, _):  # rows [G]: the global batch; this host gathers its block
+      if self.packing:
+        return self._packed_batch(rows)
       return self._batch(rows[mine], self._bucket(rows))
 
     # The global stream read as one host of batch G: global batch j is the same elements
@@ -130,6 +150,10 @@ class FeatureBatches:
     """One pass over the examples in order; this host's block of each global batch, the last
     padded with all-zero rows whose example_weight is 0."""
     everyone = eval_rows(self.num_examples, self.global_batch_size, 0, 1)
+    if self.packing:
+      for global_rows in everyone:
+        yield self._packed_batch(global_rows, with_index=True)
+      return
     for rows, global_rows in zip(eval_rows(self.num_examples, self.batch_size,
                                            self.process_index, self.process_count), everyone):
       yield pad_batch(self._batch(rows, self._bucket(global_rows)), self.batch_size)
@@ -140,6 +164,45 @@ class FeatureBatches:
       return None
     longest = int(self._lengths[global_rows].max(initial=0))
     return self.buckets[int(np.searchsorted(self.buckets, longest))]
+
+  def _check_packable(self, k: int) -> None:
+    """ValueError unless the features and the batch sizes can be packed k to a row."""
+    mask = self._features["input_mask"]
+    others = [key for key in self._features if key not in packing_layout.TOKEN_KEYS]
+    if mask.ndim != 2 or any(self._features[key].ndim != 1 for key in others):
+      raise ValueError(f"packing takes [N, seq] tokens and [N] per-example keys, not "
+                       f"{ {key: value.shape for key, value in self._features.items()} }")
+    if self.batch_size % k:
+      raise ValueError(f"{self.batch_size} examples a host do not make rows of {k}")
+
+  def _packed_batch(self, global_rows: np.ndarray, with_index: bool = False
+                    ) -> dict[str, np.ndarray]:
+    """This host's block of rows of the global batch `global_rows` ([n <= G] example indices)
+    packed k to a row (module docstring); `with_index` adds example_index [rows, k]."""
+    k = self.packing
+    num_rows = self.global_batch_size // k
+    # A last, smaller eval batch fills the rows it needs, k a row as a whole batch does (so it
+    # takes a width the others take), and leaves the rest empty.
+    plan = np.full((num_rows, k), -1, np.int64)
+    needed = -(-len(global_rows) // k)
+    plan[:needed] = balanced_rows(self._lengths[global_rows], needed, k)
+    row_tokens = np.where(plan >= 0, self._lengths[global_rows][plan], 0).sum(axis=1)
+    width = self.buckets[int(np.searchsorted(self.buckets, row_tokens.max(initial=0)))]
+    rows_per_host = self.batch_size // k
+    mine = plan[self.process_index * rows_per_host:(self.process_index + 1) * rows_per_host]
+    filled = mine >= 0  # [rows, k]
+    examples = global_rows[mine[filled]]  # [n] in row-major slot order
+    seq = self._features["input_mask"].shape[1]
+    unpacked = {}
+    for key, value in self._features.items():
+      value = value[examples]
+      if key in packing_layout.TOKEN_KEYS:  # [n, seq] -> [n, width]: cut padding or add it
+        value = value[:, :width] if width <= seq else np.pad(value, [(0, 0), (0, width - seq)])
+      unpacked[key] = value
+    unpacked["example_weight"] = np.ones(len(examples), np.float32)
+    if with_index:
+      unpacked["example_index"] = examples.astype(np.int32)
+    return packing_layout.pack_examples(unpacked, filled)
 
   def _order_seed(self) -> int:
     """grain's shuffle seed of the epoch orders, from `seed`."""
@@ -156,6 +219,28 @@ class FeatureBatches:
       batch[key] = value[rows]
     batch["example_weight"] = np.ones(len(rows), np.float32)
     return batch
+
+
+def balanced_rows(lengths: np.ndarray, num_rows: int, k: int) -> np.ndarray:
+  """Lays out n <= num_rows * k examples k to a row at most, keeping the rows' tokens even:
+  longest first (ties in index order), each into the row with the fewest tokens among those
+  with a free slot (ties: the first such row).
+
+  Args:
+    lengths: [n] each example's tokens.
+    num_rows, k: the rows and the slots of a row.
+  Returns:
+    [num_rows, k] int: indices into `lengths`, each row's filled slots first, -1 in empty ones.
+  """
+  plan = np.full((num_rows, k), -1, np.int64)
+  tokens, count = np.zeros(num_rows, np.int64), np.zeros(num_rows, np.int64)
+  for i in np.argsort(-np.asarray(lengths), kind="stable"):
+    open_rows = np.flatnonzero(count < k)
+    row = open_rows[np.argmin(tokens[open_rows])]
+    plan[row, count[row]] = i
+    tokens[row] += lengths[i]
+    count[row] += 1
+  return plan
 
 
 def example_lengths(input_mask: np.ndarray) -> np.ndarray:

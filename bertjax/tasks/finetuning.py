@@ -21,11 +21,19 @@ fine-tuned workdir gets bert_config.json and the tokenizer, so it is a model dir
 Length buckets (`data.length_buckets`): sentences are mostly far shorter than max_seq_length, so
 padding every batch to it wastes most of the work. With buckets, each training and evaluation
 batch is cut to the smallest bucket that holds the longest example of its global batch
-(`bertjax.data.pipeline`); the jitted steps compile once per bucket. "auto" (the default) is
-`auto_buckets(max_seq_length)`, e.g. 32, 64, 128; "32,64,128" names them (max_seq_length is
-always added); "" pads every batch to max_seq_length. Only a spec whose loss and predictions
+(`bertjax.data.pipeline`); the jitted steps compile once per bucket used (a batch's longest
+example varies little, so a run uses two or three). "auto" (the default) is every multiple of 32
+up to max_seq_length (`auto_buckets`); "32,64,128" names them (max_seq_length is always added);
+"" pads every batch to max_seq_length. Only a spec whose loss and predictions
 ignore padding (`Spec.padding_invariant`: GLUE, NER, SWAG) is cut, so per-example outputs are
 those of full padding; SQuAD keeps max_seq_length (run_squad's softmax spans the padding too).
+
+Packing (`data.packing=k`, sequence classification: `Spec.packable`, GLUE): each global batch of
+train.batch_size examples is laid out k to a row (`bertjax.data.pipeline`), each example pooled
+from its own [CLS] and attending only to itself, with the rows cut to the length buckets (up to
+k * max_seq_length). The batch is still the same examples, so the loss, the steps and the data
+positions are those of unpacked batches; evaluation predictions are put back in the examples'
+order. Short sentences then cost their own tokens, not a bucket's padding.
 """
 from __future__ import annotations
 
@@ -40,7 +48,7 @@ import ml_collections
 import numpy as np
 from etils import epath
 
-from bertjax import model_files, model_options, tokenization, train
+from bertjax import model_files, model_options, parallel, tokenization, train
 from bertjax.data.pipeline import FeatureBatches
 from bertjax.errors import UserError
 from bertjax.models.bert import BertConfig
@@ -96,6 +104,10 @@ class Spec:
       data.length_buckets. Predictions shaped like the batch's input_mask ([batch, seq, ...],
       e.g. NER's tags) are padded back with zeros to the features' length, so `score` and
       `write` see the shapes of full padding.
+    packable: the model takes packed batches and gives one output per packed sequence
+      (heads.BertForSequenceClassification: [batch, k, ...] with cls_positions), and `terms`
+      and `predict` work on labels and example weights of shape [batch, k]: data.packing may
+      lay out several examples a row.
   """
   name: str
   read: Callable[[ml_collections.ConfigDict, tokenization.Tokenizer, str], Data]
@@ -105,6 +117,7 @@ class Spec:
   score: Callable[[Data, dict[str, np.ndarray]], dict[str, float]]
   write: Callable[[Data, str, dict[str, np.ndarray], epath.Path], None]
   padding_invariant: bool = False
+  packable: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,21 +171,23 @@ def load_pretrained(config: ml_collections.ConfigDict, what: str) -> Pretrained:
   return Pretrained(model_dir, bert_config, tokenizer, files)
 
 
-def auto_buckets(max_seq_length: int) -> tuple[int, ...]:
-  """data.length_buckets="auto": the powers of two from 32 below max_seq_length, then
-  max_seq_length (128: 32, 64, 128; 384: 32, 64, 128, 256, 384)."""
-  return tuple(2**k for k in range(5, max_seq_length.bit_length())
-               if 2**k < max_seq_length) + (max_seq_length,)
+def auto_buckets(longest: int) -> tuple[int, ...]:
+  """data.length_buckets="auto": every multiple of 32 below `longest` (max_seq_length, or a
+  packed row's k * max_seq_length), then `longest` (128: 32, 64, 96, 128)."""
+  return tuple(range(32, longest, 32)) + (longest,)
 
 
-def length_buckets(config: ml_collections.ConfigDict) -> tuple[int, ...]:
-  """The bucket lengths data.length_buckets asks for, ascending and ending in max_seq_length
-  (module docstring); () for "" (every batch at max_seq_length).
+def length_buckets(config: ml_collections.ConfigDict, examples_a_row: int = 0
+                   ) -> tuple[int, ...]:
+  """The bucket lengths data.length_buckets asks for, ascending and ending in the longest row:
+  max_seq_length, or max_seq_length * examples_a_row packed (module docstring); () for ""
+  (every batch at that longest length).
 
   Raises:
-    UserError: a value that is not "auto", "" or comma-separated lengths in [1, max_seq_length].
+    UserError: a value that is not "auto", "" or comma-separated lengths from 1 to the longest.
   """
-  value, longest = str(config.data.length_buckets).strip(), config.data.max_seq_length
+  value = str(config.data.length_buckets).strip()
+  longest = config.data.max_seq_length * max(examples_a_row, 1)
   if not value:
     return ()
   if value == "auto":
@@ -182,20 +197,63 @@ def length_buckets(config: ml_collections.ConfigDict) -> tuple[int, ...]:
   except ValueError:
     lengths = set()
   if not lengths or not all(1 <= n <= longest for n in lengths):
+    row = (f"data.max_seq_length={config.data.max_seq_length} x data.packing={examples_a_row}"
+           if examples_a_row else f"data.max_seq_length={longest}")
     raise UserError(f"data.length_buckets={value!r}; give comma-separated sequence lengths "
-                    f"from 1 to data.max_seq_length={longest} (e.g. 32,64,{longest}), \"auto\" "
-                    "or \"\" (no buckets: every batch padded to max_seq_length).")
+                    f"from 1 to {row} (e.g. {longest // 4},{longest // 2},{longest}), \"auto\" "
+                    "or \"\" (no buckets: every batch padded to the longest).")
   return tuple(sorted(lengths | {longest}))
 
 
+def packing(config: ml_collections.ConfigDict, spec: Spec) -> int:
+  """data.packing, the examples a row (0: one, unpacked), checked against the spec and the
+  batch sizes.
+
+  Raises:
+    UserError: packing below 0, asked of a task that cannot pack, or batch sizes that do not
+      make whole rows spread evenly over the hosts and the mesh's batch shards.
+  """
+  k = config.data.packing
+  if not k:
+    return 0
+  if k < 0:
+    raise UserError(f"data.packing={k}; give the examples a row (e.g. 4), or 0 for none.")
+  if not spec.packable:
+    raise UserError(f"data.packing={k}: {spec.name} cannot pack (its model gives one output "
+                    "per row, or per token); set --config.data.packing=0. data.length_buckets "
+                    "cuts its padding instead.")
+  mesh = parallel.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
+  shards = parallel.num_batch_shards(mesh) * config.train.grad_accum_steps
+  for name in ("batch_size", "eval_batch_size"):
+    size = config.train[name]
+    if size % k or (size // k) % math.lcm(shards, jax.process_count()):
+      raise UserError(
+          f"train.{name}={size} with data.packing={k} makes {size / k:g} rows, which must be "
+          f"whole and split over {math.lcm(shards, jax.process_count())} batch shards "
+          f"(devices, hosts and grad_accum_steps); make train.{name} a multiple of "
+          f"{k * math.lcm(shards, jax.process_count())}.")
+  return k
+
+
 def feature_batches(config: ml_collections.ConfigDict, features: Features, *, training: bool,
-                    buckets: tuple[int, ...] = ()) -> FeatureBatches:
+                    buckets: tuple[int, ...] = (), examples_a_row: int = 0) -> FeatureBatches:
   """This host's batches of `features`: train.batch_size, shuffled, for training; else
-  train.eval_batch_size in order (for evaluation and prediction); cut to `buckets`."""
+  train.eval_batch_size in order (for evaluation and prediction); cut to `buckets`, packed
+  `examples_a_row` to a row (0: unpacked)."""
   size = config.train.batch_size if training else config.train.eval_batch_size
   return FeatureBatches(features, batch_size=size // jax.process_count(), seed=config.seed,
                         process_index=jax.process_index(), process_count=jax.process_count(),
-                        shuffle=training, length_buckets=buckets)
+                        shuffle=training, length_buckets=buckets, packing=examples_a_row)
+
+
+def in_example_order(predictions: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """Predictions of packed batches ([N] each, in packed order, with example_index) in the
+  examples' order, without example_index; others as they are."""
+  predictions = dict(predictions)
+  if "example_index" not in predictions:
+    return predictions
+  order = np.argsort(predictions.pop("example_index"), kind="stable")
+  return {name: value[order] for name, value in predictions.items()}
 
 
 def full_length(predictions: Mapping[str, jax.Array], input_mask_shape: tuple[int, ...],
@@ -235,24 +293,32 @@ def make_task(spec: Spec, config: ml_collections.ConfigDict, workdir: str) -> tr
   `config` (see set_schedule)."""
   pretrained = load_pretrained(config, spec.name)
   data = spec.read(config, pretrained.tokenizer, workdir)
-  buckets = length_buckets(config) if spec.padding_invariant else ()
-  train_batches = feature_batches(config, data.train, training=True, buckets=buckets)
-  eval_batches = feature_batches(config, data.eval, training=False, buckets=buckets)
+  k = packing(config, spec)
+  buckets = length_buckets(config, k) if spec.padding_invariant else ()
+  train_batches = feature_batches(config, data.train, training=True, buckets=buckets,
+                                  examples_a_row=k)
+  eval_batches = feature_batches(config, data.eval, training=False, buckets=buckets,
+                                 examples_a_row=k)
   steps_per_epoch = train_batches.steps_per_epoch
   if data.examples_per_epoch is not None:
     steps_per_epoch = max(1, data.examples_per_epoch // config.train.batch_size)
   set_schedule(config, steps_per_epoch)
-  predict_sets = {name: feature_batches(config, features, training=False,
-                                       buckets=buckets).eval_batches
+  predict_sets = {name: feature_batches(config, features, training=False, buckets=buckets,
+                                       examples_a_row=k).eval_batches
                   for name, features in data.predict.items()}
 
   def predict(outputs, batch):
+    if "example_index" in batch:  # packed: [batch, k], with each example's index (to reorder)
+      return dict(spec.predict(outputs, batch), example_index=batch["example_index"])
     seq = data.eval["input_mask"].shape[-1]  # the features' length, before any cut
     return full_length(spec.predict(outputs, batch), batch["input_mask"].shape, seq)
 
   def score(totals, predictions):
     loss = {"loss": float(totals["loss"].compute())} if "loss" in totals else {}
-    return {**loss, **spec.score(data, predictions)}
+    return {**loss, **spec.score(data, in_example_order(predictions))}
+
+  def write(name, predictions, directory):
+    spec.write(data, name, in_example_order(predictions), directory)
 
   print(f"{data.summary} ({steps_per_epoch} steps per epoch, {config.train.num_train_steps} "
         "steps)")
@@ -260,8 +326,7 @@ def make_task(spec: Spec, config: ml_collections.ConfigDict, workdir: str) -> tr
       model=spec.model(pretrained.bert_config, data), terms=spec.terms,
       batches=train.Batches(train=train_batches.iterate, eval=eval_batches.eval_batches,
                             predict=predict_sets),
-      predict=predict if buckets else spec.predict, score=score,
-      write=lambda name, predictions, directory: spec.write(data, name, predictions, directory),
+      predict=predict if buckets or k else spec.predict, score=score, write=write,
       files={**pretrained.files, **data.files})
 
 

@@ -99,17 +99,17 @@ def read(config: ml_collections.ConfigDict, tokenizer: tokenization.Tokenizer,
 
 def terms(logits, batch):
   """Mean squared error for a regression (one output, STS-B), else cross-entropy and accuracy;
-  logits [batch, num_labels]."""
+  logits [batch, num_labels], or [batch, k, num_labels] packed (labels and weights [batch, k])."""
   label, weight = batch["label"], batch["example_weight"]
   if logits.shape[-1] == 1:
-    return {"loss": (jnp.square(logits[:, 0] - label), weight)}
+    return {"loss": (jnp.square(logits[..., 0] - label), weight)}
   return {"loss": (optax.softmax_cross_entropy_with_integer_labels(logits, label), weight),
           "accuracy": (jnp.argmax(logits, -1) == label, weight)}
 
 
 def predict(logits, batch):
   """The predicted score (regression) or class id of each example, with its label if any."""
-  out = {"prediction": logits[:, 0] if logits.shape[-1] == 1 else jnp.argmax(logits, -1)}
+  out = {"prediction": logits[..., 0] if logits.shape[-1] == 1 else jnp.argmax(logits, -1)}
   if "label" in batch:
     out["label"] = batch["label"]
   return out
@@ -150,4 +150,5 @@ SPEC = finetuning.Spec(
     name="GLUE fine-tuning", read=read,
     model=lambda bert_config, data: heads.BertForSequenceClassification(bert_config,
                                                                         data.num_labels),
-    terms=terms, predict=predict, score=score, write=write, padding_invariant=True)
+    terms=terms, predict=predict, score=score, write=write, padding_invariant=True,
+    packable=True)

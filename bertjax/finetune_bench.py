@@ -1,0 +1,310 @@
+"""Fine-tuning speed, end to end: bertjax's command line against transformers, on real sentences.
+
+  python -m bertjax.finetune_bench [--num_train=3200] [--num_dev=800] [--size=small]
+      [--num_layers=6] [--batch_size=32] [--eval_batch_size=64] [--max_seq_length=128]
+      [--vocab_size=8000] [--packing=4] [--length_buckets=auto] [--peers=bertjax,transformers]
+      [--workdir=DIR] [--json=OUT.json]
+
+The task is the bundled movie-review sentences (`bertjax.data.movie_reviews`, binarised by the
+sign of their human rating; `--num_train` / `--num_dev` of its fixed split), one epoch at batch
+`--batch_size`, then the dev accuracy. Both peers start from the same weights and see the same
+token ids:
+
+- setup (untimed): the SST-2 files, a sentencepiece vocabulary of `--vocab_size` trained on the
+  training sentences, a randomly initialised BERT (`bert_config(size, num_layers=...)`; speed
+  does not depend on the weights) saved as a bertjax model directory, that directory exported to
+  Hugging Face's format (`bertjax.convert`, `--to=hf`), and the token ids bertjax's GLUE reader
+  makes (`bertjax.data.glue.encode_examples`), written for the transformers peer.
+- bertjax: `python -m bertjax.main --config=configs/glue.py --config.task=sst2 ...` in a
+  subprocess: the real command, with its start-up, data reading, compilation, checkpoint and
+  evaluation; `--packing` and `--length_buckets` are its `data.packing` (sentences a row) and
+  `data.length_buckets`.
+- transformers: `BertForSequenceClassification` (PyTorch) in a subprocess: AdamW with bertjax's
+  settings (lr 2e-5, eps 1e-6, weight decay 0.01 off biases and LayerNorm, linear warmup over 10%
+  of the steps then linear decay, clipping at norm 1.0, dropout 0.1), each batch padded to its
+  longest sentence (dynamic padding), then the dev set in batches of `--eval_batch_size`, each
+  padded to its longest, under `torch.inference_mode`. The classifier head is freshly initialised
+  in both (each library's own initialiser); the encoder is the same.
+
+What is timed is the wall time of each whole process, import to exit, and its CPU time (user +
+system, all threads: steadier than wall time on a machine that others share); the script
+prints both, the ratio of wall times and both dev accuracies. `--jax_cache_dir=DIR` gives the
+bertjax process JAX's persistent compilation cache (JAX_COMPILATION_CACHE_DIR): a second run of
+the script with the same DIR shows a run whose compilations are cached, as in a sweep's later
+runs.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from bertjax.data import movie_reviews
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LEARNING_RATE = 2e-5  # configs/finetuning.py's recipe, which the transformers peer copies
+WARMUP_PROPORTION = 0.1
+WEIGHT_DECAY = 0.01
+ADAM_EPS = 1e-6
+CLIP_NORM = 1.0
+DROPOUT = 0.1
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+  """What the setup leaves in the bench directory.
+
+  Attributes:
+    glue_dir: DIR with SST-2/train.tsv and dev.tsv.
+    model_dir: the bertjax model directory (`--config.init_checkpoint`).
+    hf_dir: the same weights in Hugging Face's format.
+    token_ids: an .npz of bertjax's features of both splits for the transformers peer:
+      {train,dev}_{input_ids,input_mask} [N, max_seq_length] int32 and {train,dev}_label [N].
+  """
+  glue_dir: str
+  model_dir: str
+  hf_dir: str
+  token_ids: str
+
+
+def prepare(directory: str, *, num_train: int, num_dev: int, size: str, num_layers: int,
+            vocab_size: int, max_seq_length: int, seed: int = 0) -> Prepared:
+  """The untimed setup (module docstring) in `directory`."""
+  # pylint: disable=import-outside-toplevel
+  import flax.linen as nn
+  import jax
+
+  from bertjax import model_files, tokenization
+  from bertjax.convert import __main__ as convert
+  from bertjax.data import glue as glue_data
+  from bertjax.models import bert, heads
+
+  glue_dir = movie_reviews.write_sst2(os.path.join(directory, "data"), num_dev=num_dev,
+                                      num_train=num_train, seed=seed)
+  train_examples = glue_data.read_examples("sst2", "train", glue_dir)
+  vocab = os.path.join(directory, tokenization.MODEL_FILE)
+  tokenizer = tokenization.load_or_train_sentencepiece(
+      lambda: (e.text_a for e in train_examples), vocab, vocab_size)
+  config = bert.bert_config(size, num_layers=num_layers, vocab_size=tokenizer.vocab_size,
+                            max_position_embeddings=max(512, max_seq_length))
+  ids = np.zeros((1, 8), np.int32)
+  params = heads.BertForPreTraining(config).init(jax.random.PRNGKey(seed), ids, ids, ids,
+                                                 deterministic=True)["params"]
+  model_dir = os.path.join(directory, "model")
+  model_files.save_model_dir(model_dir, jax.tree.map(np.asarray, nn.unbox(params)), config,
+                             [vocab])
+  hf_dir = os.path.join(directory, "hf")
+  convert.to_hf_dir(model_dir, hf_dir)
+  features = {}
+  for split in ("train", "dev"):
+    examples = glue_data.read_examples("sst2", split, glue_dir)
+    encoded = glue_data.encode_examples(examples, glue_data.TASKS["sst2"], tokenizer,
+                                        max_seq_length)
+    features.update({f"{split}_{key}": encoded[key]
+                     for key in ("input_ids", "input_mask", "label")})
+  token_ids = os.path.join(directory, "token_ids.npz")
+  np.savez(token_ids, **features)
+  return Prepared(glue_dir, model_dir, hf_dir, token_ids)
+
+
+def bertjax_command(prepared: Prepared, workdir: str, *, batch_size: int, eval_batch_size: int,
+                    max_seq_length: int, packing: int, length_buckets: str) -> list[str]:
+  """The bertjax fine-tuning command of the benchmark (one epoch, then the dev set)."""
+  return [sys.executable, "-m", "bertjax.main", "--config=configs/glue.py",
+          f"--workdir={workdir}", "--config.task=sst2",
+          f"--config.init_checkpoint={prepared.model_dir}",
+          f"--config.data.glue_dir={prepared.glue_dir}",
+          f"--config.data.max_seq_length={max_seq_length}",
+          f"--config.data.packing={packing}",
+          f"--config.data.length_buckets={length_buckets}",
+          f"--config.train.batch_size={batch_size}",
+          f"--config.train.eval_batch_size={eval_batch_size}",
+          "--config.train.num_train_epochs=1"]
+
+
+def transformers_command(prepared: Prepared, *, batch_size: int, eval_batch_size: int,
+                         seed: int = 0) -> list[str]:
+  """The transformers peer's command: this module's `--peer=transformers` mode."""
+  return [sys.executable, "-m", "bertjax.finetune_bench", "--peer=transformers",
+          f"--hf_dir={prepared.hf_dir}", f"--token_ids={prepared.token_ids}",
+          f"--batch_size={batch_size}", f"--eval_batch_size={eval_batch_size}", f"--seed={seed}"]
+
+
+def _children_cpu_seconds() -> float:
+  usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+  return usage.ru_utime + usage.ru_stime
+
+
+def timed(command: list[str], env: dict[str, str] | None = None
+          ) -> tuple[dict[str, float], str]:
+  """({"seconds": wall, "cpu_seconds": user + system}, stdout) of running `command` from the
+  repository root (with `env` added to the environment); raises with its stderr if it fails."""
+  cpu, start = _children_cpu_seconds(), time.perf_counter()
+  done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False,
+                        env={**os.environ, **(env or {})})
+  seconds, cpu = time.perf_counter() - start, _children_cpu_seconds() - cpu
+  if done.returncode:
+    raise RuntimeError(f"{' '.join(command)} exited {done.returncode}:\n{done.stderr[-4000:]}")
+  return {"seconds": seconds, "cpu_seconds": cpu}, done.stdout
+
+
+def transformers_peer(hf_dir: str, token_ids: str, *, batch_size: int, eval_batch_size: int,
+                      seed: int) -> dict[str, float]:
+  """Fine-tunes BertForSequenceClassification for one epoch, then scores the dev set (module
+  docstring); returns {accuracy, and the seconds of load, train and eval}."""
+  # pylint: disable=import-outside-toplevel
+  start = time.perf_counter()
+  import torch
+  import transformers
+
+  torch.manual_seed(seed)
+  device = "cuda" if torch.cuda.is_available() else "cpu"
+  data = dict(np.load(token_ids))
+  model = transformers.BertForSequenceClassification.from_pretrained(hf_dir, num_labels=2)
+  model.to(device).train()
+  decayed = [p for n, p in model.named_parameters() if not n.endswith("bias") and
+             "LayerNorm" not in n]
+  kept = [p for n, p in model.named_parameters() if n.endswith("bias") or "LayerNorm" in n]
+  optimizer = torch.optim.AdamW([{"params": decayed, "weight_decay": WEIGHT_DECAY},
+                                 {"params": kept, "weight_decay": 0.0}],
+                                lr=LEARNING_RATE, betas=(0.9, 0.999), eps=ADAM_EPS)
+  steps = len(data["train_label"]) // batch_size
+  schedule = transformers.get_linear_schedule_with_warmup(
+      optimizer, int(WARMUP_PROPORTION * steps), steps)
+
+  def tensors(split, rows):
+    """The rows' ids, mask and labels, cut to their longest sentence (dynamic padding)."""
+    length = int(data[f"{split}_input_mask"][rows].sum(1).max())
+    return [torch.from_numpy(data[f"{split}_{key}"][rows, :length]).long().to(device)
+            for key in ("input_ids", "input_mask")] + [
+                torch.from_numpy(data[f"{split}_label"][rows]).long().to(device)]
+
+  loaded = time.perf_counter()
+  order = np.random.default_rng(seed).permutation(len(data["train_label"]))
+  for step in range(steps):
+    ids, mask, labels = tensors("train", order[step * batch_size:(step + 1) * batch_size])
+    loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP_NORM)
+    optimizer.step()
+    schedule.step()
+    optimizer.zero_grad()
+  trained = time.perf_counter()
+  model.eval()
+  hits, n = 0, len(data["dev_label"])
+  with torch.inference_mode():
+    for first in range(0, n, eval_batch_size):
+      ids, mask, labels = tensors("dev", np.arange(first, min(first + eval_batch_size, n)))
+      hits += int((model(input_ids=ids, attention_mask=mask).logits.argmax(-1) == labels).sum())
+  done = time.perf_counter()
+  return {"accuracy": hits / n, "load_seconds": loaded - start,
+          "train_seconds": trained - loaded, "eval_seconds": done - trained}
+
+
+def bertjax_result(workdir: str) -> dict[str, float]:
+  """The dev accuracy of a finished bertjax run, with its phases from metrics.jsonl."""
+  with open(os.path.join(workdir, "eval_results.json"), encoding="utf-8") as f:
+    return {"accuracy": json.load(f)["accuracy"]}
+
+
+def run(args: argparse.Namespace) -> dict[str, object]:
+  """Sets up, runs the peers one after the other and returns the figures."""
+  directory = args.workdir or tempfile.mkdtemp(prefix="finetune_bench_")
+  prepared = prepare(directory, num_train=args.num_train, num_dev=args.num_dev, size=args.size,
+                     num_layers=args.num_layers, vocab_size=args.vocab_size,
+                     max_seq_length=args.max_seq_length)
+  results: dict[str, object] = {
+      "num_train": args.num_train, "num_dev": args.num_dev, "size": args.size,
+      "num_layers": args.num_layers, "batch_size": args.batch_size,
+      "max_seq_length": args.max_seq_length, "packing": args.packing,
+      "length_buckets": args.length_buckets,
+      "jax_cache_dir": args.jax_cache_dir, "cpu_count": os.cpu_count(),
+      "load_average_before": os.getloadavg()[0]}
+  for peer in args.peers.split(","):
+    if peer == "bertjax":
+      workdir = os.path.join(directory, f"bertjax_run_{len(os.listdir(directory))}")
+      env = {"JAX_COMPILATION_CACHE_DIR": args.jax_cache_dir} if args.jax_cache_dir else {}
+      times, _ = timed(bertjax_command(
+          prepared, workdir, batch_size=args.batch_size, eval_batch_size=args.eval_batch_size,
+          max_seq_length=args.max_seq_length, packing=args.packing,
+          length_buckets=args.length_buckets), env)
+      results["bertjax"] = {**times, **bertjax_result(workdir)}
+    elif peer == "transformers":
+      times, out = timed(transformers_command(prepared, batch_size=args.batch_size,
+                                              eval_batch_size=args.eval_batch_size))
+      results["transformers"] = {**times, **json.loads(out.strip().splitlines()[-1])}
+    else:
+      raise SystemExit(f"unknown peer {peer!r}; use bertjax and/or transformers")
+    print(f"{peer}: {results[peer]}", flush=True)
+  results["load_average_after"] = os.getloadavg()[0]
+  return results
+
+
+def report(results: dict[str, object]) -> str:
+  """The figures as a few lines of text."""
+  lines = [f"{results['num_layers']}-layer {results['size']} BERT, {results['num_train']} "
+           f"training / {results['num_dev']} dev sentences, batch {results['batch_size']}, one "
+           f"epoch; bertjax data.packing={results['packing']}, data.length_buckets="
+           f"{results['length_buckets']!r}; load average {results['load_average_before']:.2f} "
+           f"before, {results['load_average_after']:.2f} after, on {results['cpu_count']} cores"]
+  for peer in ("bertjax", "transformers"):
+    if peer in results:
+      r = results[peer]
+      lines.append(f"  {peer:13s} {r['seconds']:7.1f} s wall {r['cpu_seconds']:7.1f} s CPU   "
+                   f"dev accuracy {r['accuracy']:.4f}")
+  if "bertjax" in results and "transformers" in results:
+    ratio = results["transformers"]["seconds"] / results["bertjax"]["seconds"]
+    lines.append(f"  bertjax is {ratio:.2f}x as fast as transformers (transformers' wall time / "
+                 "bertjax's)")
+  return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(prog="python -m bertjax.finetune_bench",
+                                   description=__doc__.split("\n\n")[0])
+  parser.add_argument("--num_train", type=int, default=3200, help="training sentences")
+  parser.add_argument("--num_dev", type=int, default=800, help="dev sentences scored")
+  parser.add_argument("--size", default="small", help="a row of bertjax.models.bert.SIZES")
+  parser.add_argument("--num_layers", type=int, default=6, help="layers (overrides the size's)")
+  parser.add_argument("--batch_size", type=int, default=32)
+  parser.add_argument("--eval_batch_size", type=int, default=64)
+  parser.add_argument("--max_seq_length", type=int, default=128)
+  parser.add_argument("--vocab_size", type=int, default=8000,
+                      help="sentencepiece vocabulary trained on the training sentences")
+  parser.add_argument("--packing", type=int, default=4,
+                      help="bertjax's data.packing: sentences a row (0 = one)")
+  parser.add_argument("--length_buckets", default="auto",
+                      help="bertjax's data.length_buckets ('' = pad every batch to the maximum)")
+  parser.add_argument("--peers", default="bertjax,transformers")
+  parser.add_argument("--jax_cache_dir", default="",
+                      help="JAX's persistent compilation cache for the bertjax run ('' = none)")
+  parser.add_argument("--workdir", default="", help="where the setup and runs go (default: new "
+                      "temporary directory)")
+  parser.add_argument("--json", default="", help="also write the figures here")
+  parser.add_argument("--peer", default="", help=argparse.SUPPRESS)  # the subprocess's mode
+  parser.add_argument("--hf_dir", default="", help=argparse.SUPPRESS)
+  parser.add_argument("--token_ids", default="", help=argparse.SUPPRESS)
+  parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+  args = parser.parse_args(argv)
+  if args.peer == "transformers":
+    print(json.dumps(transformers_peer(args.hf_dir, args.token_ids, batch_size=args.batch_size,
+                                       eval_batch_size=args.eval_batch_size, seed=args.seed)))
+    return 0
+  results = run(args)
+  print(report(results))
+  if args.json:
+    with open(args.json, "w", encoding="utf-8") as f:
+      json.dump(results, f, indent=2)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
