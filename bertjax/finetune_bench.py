@@ -77,7 +77,18 @@ class Prepared:
 
 def prepare(directory: str, *, num_train: int, num_dev: int, size: str, num_layers: int,
             vocab_size: int, max_seq_length: int, seed: int = 0) -> Prepared:
-  """The untimed setup (module docstring) in `directory`."""
+  """The untimed setup (module docstring) in `directory`; one made before with the same
+  arguments (DIRECTORY/setup.json says) is reused."""
+  arguments = dict(num_train=num_train, num_dev=num_dev, size=size, num_layers=num_layers,
+                   vocab_size=vocab_size, max_seq_length=max_seq_length, seed=seed)
+  prepared = Prepared(*(os.path.join(directory, name)
+                        for name in ("data", "model", "hf", "token_ids.npz")))
+  record = os.path.join(directory, "setup.json")
+  if os.path.exists(record):
+    with open(record, encoding="utf-8") as f:
+      if json.load(f) == arguments:
+        return prepared
+    raise SystemExit(f"{directory} holds a setup of other arguments; give a new --workdir")
   # pylint: disable=import-outside-toplevel
   import flax.linen as nn
   import jax
@@ -87,7 +98,7 @@ def prepare(directory: str, *, num_train: int, num_dev: int, size: str, num_laye
   from bertjax.data import glue as glue_data
   from bertjax.models import bert, heads
 
-  glue_dir = movie_reviews.write_sst2(os.path.join(directory, "data"), num_dev=num_dev,
+  glue_dir = movie_reviews.write_sst2(prepared.glue_dir, num_dev=num_dev,
                                       num_train=num_train, seed=seed)
   train_examples = glue_data.read_examples("sst2", "train", glue_dir)
   vocab = os.path.join(directory, tokenization.MODEL_FILE)
@@ -98,11 +109,9 @@ def prepare(directory: str, *, num_train: int, num_dev: int, size: str, num_laye
   ids = np.zeros((1, 8), np.int32)
   params = heads.BertForPreTraining(config).init(jax.random.PRNGKey(seed), ids, ids, ids,
                                                  deterministic=True)["params"]
-  model_dir = os.path.join(directory, "model")
-  model_files.save_model_dir(model_dir, jax.tree.map(np.asarray, nn.unbox(params)), config,
-                             [vocab])
-  hf_dir = os.path.join(directory, "hf")
-  convert.to_hf_dir(model_dir, hf_dir)
+  model_files.save_model_dir(prepared.model_dir, jax.tree.map(np.asarray, nn.unbox(params)),
+                             config, [vocab])
+  convert.to_hf_dir(prepared.model_dir, prepared.hf_dir)
   features = {}
   for split in ("train", "dev"):
     examples = glue_data.read_examples("sst2", split, glue_dir)
@@ -110,9 +119,10 @@ def prepare(directory: str, *, num_train: int, num_dev: int, size: str, num_laye
                                         max_seq_length)
     features.update({f"{split}_{key}": encoded[key]
                      for key in ("input_ids", "input_mask", "label")})
-  token_ids = os.path.join(directory, "token_ids.npz")
-  np.savez(token_ids, **features)
-  return Prepared(glue_dir, model_dir, hf_dir, token_ids)
+  np.savez(prepared.token_ids, **features)
+  with open(record, "w", encoding="utf-8") as f:
+    json.dump(arguments, f)
+  return prepared
 
 
 def bertjax_command(prepared: Prepared, workdir: str, *, batch_size: int, eval_batch_size: int,

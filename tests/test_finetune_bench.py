@@ -77,3 +77,12 @@ def test_the_report(capsys):
   assert "  bertjax          80.0 s wall   150.0 s CPU   dev accuracy 0.7500" in text
   assert "bertjax is 1.25x as fast as transformers" in text
   json.dumps(results)  # what --json writes
+
+
+def test_a_setup_is_reused_only_for_the_same_arguments(prepared):
+  directory = os.path.dirname(prepared.model_dir)
+  arguments = dict(num_train=64, num_dev=24, size="tiny", num_layers=2, vocab_size=400,
+                   max_seq_length=32)
+  assert finetune_bench.prepare(directory, **arguments) == prepared
+  with pytest.raises(SystemExit, match="other arguments"):
+    finetune_bench.prepare(directory, **dict(arguments, num_layers=3))
