@@ -122,6 +122,18 @@ def first_run(data, tmp_path_factory):
     process.wait()
 
 
+def _wait_until_stopped(pid):
+  """Returns once the process is stopped (state T in /proc): a signal is delivered
+  asynchronously, and a write it has not yet stopped would change the workdir's digest."""
+  deadline = time.time() + 10
+  while time.time() < deadline:
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+      if f.read().rsplit(")", 1)[1].split()[0] == "T":
+        return
+    time.sleep(0.01)
+  raise AssertionError(f"process {pid} did not stop")
+
+
 def _free_port():
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
@@ -133,6 +145,7 @@ def test_a_second_run_and_a_second_job_are_refused_while_the_first_holds_the_wor
   process, directory = first_run
   assert process.poll() is None, "the first run must still hold the workdir (tests in file order)"
   process.send_signal(signal.SIGSTOP)  # the workdir stays still while the others are refused
+  _wait_until_stopped(process.pid)
   try:
     owner = json.loads((directory / workdir.LOCK_FILE).read_text())
     assert owner["pid"] == process.pid and owner["host"] == socket.gethostname()
