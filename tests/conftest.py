@@ -25,6 +25,13 @@ def write_chapters(directory, num_documents: int, vocab_size: int = 600) -> tupl
   return text_file, vocab
 
 
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory):
+  """(text file with 40 chapters of the bundled corpus, a sentencepiece model of it): the
+  pretraining runs' text, shared (read only) by every module that does not define its own."""
+  return write_chapters(str(tmp_path_factory.mktemp("corpus")), 40)
+
+
 def tree_digest(path) -> str:
   """Names of the directories and names and bytes of the files under `path` (to show that
   nothing there changed)."""

@@ -18,16 +18,9 @@ import pytest
 from bertjax import checkpoint
 from bertjax.errors import UserError
 
-from conftest import tree_digest, write_chapters
+from conftest import tree_digest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-NUM_DOCUMENTS = 40  # chapters of the bundled corpus the tests train on
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-  """(text file with NUM_DOCUMENTS chapters of the bundled corpus, a sentencepiece model of it)."""
-  return write_chapters(str(tmp_path_factory.mktemp("corpus")), NUM_DOCUMENTS)
 
 
 def _flags(corpus, *overrides):
@@ -68,8 +61,6 @@ def _one_line(out, prefix, *expected):
     assert text in lines[0], (text, lines[0])
   assert "Traceback" not in out.stderr, out.stderr[-3000:]
   return lines[0]
-
-
 
 
 def _entries(workdir):

@@ -18,16 +18,9 @@ from bertjax.errors import UserError
 from bertjax.models import heads
 from bertjax.tasks import pretraining
 
-from conftest import tree_digest, write_chapters
+from conftest import tree_digest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-NUM_DOCUMENTS = 40  # chapters of the bundled corpus the tests train on
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-  """(text file with NUM_DOCUMENTS chapters of the bundled corpus, a sentencepiece model of it)."""
-  return write_chapters(str(tmp_path_factory.mktemp("corpus")), NUM_DOCUMENTS)
 
 
 def _flags(corpus, *overrides):
@@ -71,8 +64,6 @@ def _metrics(workdir):
   import json  # pylint: disable=import-outside-toplevel
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     return [json.loads(line) for line in f]
-
-
 
 
 def test_cli_end_to_end(corpus, tmp_path):
