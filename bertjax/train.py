@@ -324,9 +324,9 @@ def restore_or_init(config: ml_collections.ConfigDict, setup: Setup,
   The task's head (every top-level parameter but the encoder 'bert') stays fresh, with a
   message, where init_checkpoint's has other shapes (another task or number of labels). The
   vocabulary rows of init_checkpoint's embedding and MLM bias are adapted to this model's
-  padding when `vocab_size` (the real vocabulary) is given. A latest
-  checkpoint that does not read back whole is moved aside, with a warning, and the newest that
-  does is resumed (`checkpoint.Checkpoints.resume`).
+  padding when `vocab_size` (the real vocabulary) is given. A latest checkpoint that does not
+  read back whole is moved aside, with a warning, and the newest that does is resumed
+  (`checkpoint.Checkpoints.resume`).
   """
   if checkpoints.latest_step() is not None:
     return checkpoints.resume(setup.abstract_state)
