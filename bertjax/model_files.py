@@ -2,7 +2,8 @@
 
   DIR/bert_config.json   the BertConfig fields (bertjax's names) that describe the weights, as
                          JSON; vocab_size is the real vocabulary, pad_vocab_to_multiple gives
-                         the rows of the saved embedding table and MLM bias
+                         the rows of the saved embedding table and MLM bias, causal whether the
+                         model attends left to right only (a file without it: false)
   DIR/checkpoints/       orbax checkpoints (bertjax.checkpoint); `params` holds the weights
   DIR/vocab.txt or DIR/vocab.model, DIR/tokenizer_config.json, ...   the tokenizer
 

@@ -8,7 +8,8 @@ checkpoints. Held-out MLM accuracy ends far above the frequency baseline (predic
 common token) and NSP accuracy above 50%; the README gives the figures measured.
 
 It is also the pretraining default, every field commented: base.py (and large.py) are this plus
-the paper's values.
+the paper's values. `--config.pretraining.nsp=false` and `--config.pretraining.objective=ltr`
+pretrain the paper's No NSP and LTR & No NSP ablations (section 5.1) instead.
 """
 import ml_collections
 
@@ -19,6 +20,16 @@ def get_config(arg=None):
   config.task = "pretraining"  # a name in bertjax.tasks.REGISTRY
   config.seed = 0  # parameter init, dropout, data order and masking
   config.init_checkpoint = ""  # bertjax checkpoint to take parameters from ("" = from scratch)
+
+  # The pretraining tasks (the paper's ablations, section 5.1 and Table 5; README "Pretraining
+  # ablations"). Both ablations train on contiguous single-segment spans [CLS] span [SEP]
+  # (prepared with --contiguous=true; on first use automatically) and are not packed.
+  config.pretraining = ml_collections.ConfigDict()
+  config.pretraining.objective = "mlm"  # mlm: the masked LM (BERT); ltr: a left-to-right LM
+  # (causal attention, each token predicted from those before it, no [MASK], never NSP: the
+  # paper's "LTR & No NSP"; fine-tuning from it keeps the causal mask)
+  config.pretraining.nsp = True  # next-sentence prediction beside the masked LM, on NSP pairs;
+  # false: "No NSP", the masked LM alone (objective=mlm only: ltr never has NSP)
 
   config.model = ml_collections.ConfigDict()
   config.model.size = "tiny"  # bertjax.models.bert.SIZES: tiny mini small medium base large

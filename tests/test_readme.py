@@ -71,7 +71,7 @@ def test_every_readme_command_names_real_flags_and_config_fields():
   from bertjax.data import prepare  # pylint: disable=import-outside-toplevel
 
   prepares = _readme_commands("python -m bertjax.data.prepare")
-  assert len(prepares) == 3, prepares
+  assert len(prepares) == 4, prepares
   for args in prepares:
     _, unknown = prepare._parser().parse_known_args(args)  # pylint: disable=protected-access
     assert not unknown, (args, unknown)

@@ -364,6 +364,21 @@ def params_task(params: dict[str, Any]) -> tuple[str | None, int]:
   return found[0], (2 if kernel is None else int(np.shape(kernel)[-1]))
 
 
+def refuse_causal(config: BertConfig) -> None:
+  """UserError for a causal model (BertConfig.causal, pretraining.objective=ltr): the classes
+  this converter writes attend in both directions and pool [CLS], and Google's BERT has no
+  causal mask either, so its weights would compute another function there."""
+  if config.causal:
+    raise UserError(
+        "this model is causal (a left-to-right LM, pretrained with "
+        "--config.pretraining.objective=ltr): each token attends only to those before it and "
+        "the pooler reads the last token, while the Hugging Face BERT classes written here "
+        "(BertForPreTraining, BertForMaskedLM, the task classes) and Google's BERT attend in "
+        "both directions and pool [CLS], so the converted weights would compute another "
+        "function. It cannot be converted; fine-tune it in bertjax "
+        "(--config.init_checkpoint=DIR), which keeps the causal mask.")
+
+
 def to_hf(params: dict[str, Any], config: BertConfig) -> dict[str, np.ndarray]:
   """bertjax parameters -> Hugging Face tensors of BertForPreTraining and the task head, if any.
 
@@ -377,8 +392,10 @@ def to_hf(params: dict[str, Any], config: BertConfig) -> dict[str, np.ndarray]:
     decoder. The word embeddings and the MLM bias keep their vocab_size real rows (the padding
     rows are dropped).
   Raises:
-    UserError: a parameter no rule maps, a wrong shape, or a missing encoder parameter.
+    UserError: a causal model (`refuse_causal`), a parameter no rule maps, a wrong shape, or a
+      missing encoder parameter.
   """
+  refuse_causal(config)
   task, num_labels = params_task(params)
   expected = expected_shapes(config, task, num_labels)
   patterns = _bj_patterns(task)

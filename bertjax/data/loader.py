@@ -22,6 +22,14 @@ in the row (packing.pack_examples), with position_ids, sequence_ids [batch, seq]
 cls_positions [batch, k]; masked_lm_* become [batch, k * max_predictions], next_sentence_label
 and example_weight [batch, k] (example_weight 0 in empty slots). Evaluation is never packed.
 
+Contiguous spans (`contiguous=True`, prepared with --contiguous=true): the examples are the
+phase's single-segment `[CLS] span [SEP]` rows (segment ids 0, next_sentence_label 0) of the
+No NSP and left-to-right ablations, read, masked and resumed exactly as pairs are. For the
+left-to-right LM (`NextTokens` instead of `Masking`) nothing is masked: masked_lm_positions
+[batch, seq - 1] are every position but the last, masked_lm_ids the token after each and
+masked_lm_weights 1 where that token is real, so the MLM head and its loss score each real
+position's next token.
+
 Masks: with dynamic masking, the example of record r is masked in epoch e from a generator
 seeded by (seed, e, r), so masks change every epoch and do not depend on the batch size or the
 host count. With static masking a record keeps the masks stored at preparation, or gets fixed
@@ -96,6 +104,20 @@ class PreparedData:
           [os.path.join(self.directory, name) for name, _ in listing], [n for _, n in listing])
     return self._sources[key]
 
+  def has_contiguous(self, length: int) -> bool:
+    """Whether contiguous spans were prepared at `length` (prepare --contiguous=true)."""
+    return str(length) in self.info.get(prepare.CONTIGUOUS, {})
+
+  def spans(self, length: int, split: str) -> shards.Records:
+    """The `split` contiguous spans at `length` (a length with has_contiguous), opened and
+    checked on first use."""
+    key = (length, split, prepare.CONTIGUOUS)
+    if key not in self._sources:
+      listing = self.info[prepare.CONTIGUOUS][str(length)][split]
+      self._sources[key] = shards.Records(
+          [os.path.join(self.directory, name) for name, _ in listing], [n for _, n in listing])
+    return self._sources[key]
+
   def max_sequences_per_row(self) -> int:
     """k of the packing plans (the flag's default for data prepared before it existed)."""
     return int(self.flags.get("max_sequences_per_row",
@@ -158,22 +180,47 @@ class Masking:
     return np.random.default_rng([self.seed, _DYNAMIC_MASKS, epoch, record])
 
 
+class NextTokens:
+  """The targets of a left-to-right LM (the paper's "LTR & No NSP", section 5.1): each real
+  position predicts the token after it, through the MLM keys (module docstring); nothing is
+  masked. Takes a Masking's place in PairBatches."""
+  dynamic = False  # the targets never change
+
+  def __init__(self, special: pe.SpecialTokens, seed: int):
+    self.special, self.seed = special, seed
+
+  def apply(self, pairs: dict[str, np.ndarray], records: np.ndarray,
+            epochs: np.ndarray | None) -> dict[str, np.ndarray]:
+    """Padded rows ([n, seq] arrays) -> their next-token targets, masked_lm_* [n, seq - 1]:
+    position i predicts input_ids[i + 1], weight 1 where that is a real token."""
+    del records, epochs  # the same targets every time
+    ids = pairs["input_ids"]
+    n, seq = ids.shape
+    return {"masked_lm_positions": np.broadcast_to(np.arange(seq - 1, dtype=np.int32),
+                                                   (n, seq - 1)).copy(),
+            "masked_lm_ids": ids[:, 1:].astype(np.int32),
+            "masked_lm_weights": pairs["input_mask"][:, 1:].astype(np.float32)}
+
+
 class PairBatches:
-  """Batches of one phase's pairs for one host (module docstring).
+  """Batches of one phase's pairs (or contiguous spans) for one host (module docstring).
 
   Args:
     data: the prepared data.
     length: the phase's sequence length (a length `data` holds).
-    masking: how to mask; its max_predictions must equal stored masks' width, if any.
+    masking: how to mask (its max_predictions must equal stored masks' width, if any), or
+      NextTokens for a left-to-right LM (data without stored masks).
     batch_size: rows per batch on this host (the global batch is batch_size * hosts).
     process_index, process_count: this host and the number of hosts.
     threads: threads that read and mask batches ahead of the training step.
     packing: training rows are packs of pairs (batch_size counts rows); evaluation is not.
+    contiguous: the examples are the contiguous spans at `length` (data.has_contiguous), not
+      the NSP pairs; not with packing.
   """
 
-  def __init__(self, data: PreparedData, length: int, masking: Masking, *, batch_size: int,
-               process_index: int = 0, process_count: int = 1, threads: int = 2,
-               packing: bool = False):
+  def __init__(self, data: PreparedData, length: int, masking: Masking | NextTokens, *,
+               batch_size: int, process_index: int = 0, process_count: int = 1,
+               threads: int = 2, packing: bool = False, contiguous: bool = False):
     if not 0 <= process_index < process_count:
       raise ValueError(f"process_index {process_index} not in [0, {process_count})")
     if batch_size < 1:
@@ -181,8 +228,14 @@ class PairBatches:
     self.data, self.length, self.masking = data, length, masking
     self.batch_size, self.process_index, self.process_count = batch_size, process_index, \
         process_count
-    self.threads, self.packing = threads, packing
+    self.threads, self.packing, self.contiguous = threads, packing, contiguous
+    if packing and contiguous:
+      raise ValueError("contiguous spans are not packed")
     self.stored = data.stored_predictions(length)
+    if self.stored and isinstance(masking, NextTokens):
+      raise UserError(f"{data.directory} holds static masks (prepared with --static_masks=true), "
+                      "so its tokens are [MASK]ed; a left-to-right LM reads the text itself. "
+                      "Prepare it without --static_masks.")
     if self.stored and masking.dynamic:
       raise UserError(f"{data.directory} holds static masks (prepared with --static_masks=true); "
                       "train on them with --config.data.dynamic_masking=false, or prepare "
@@ -197,8 +250,14 @@ class PairBatches:
     """grain's shuffle seed of the epoch orders of this phase."""
     return int(np.random.default_rng([self.masking.seed, _ORDER, self.length]).integers(2**31))
 
+  def records(self, split: str) -> shards.Records:
+    """The examples of `split`: the phase's contiguous spans, or its pairs."""
+    if self.contiguous:
+      return self.data.spans(self.length, split)
+    return self.data.pairs(self.length, split)
+
   def num_examples(self, split: str = "train") -> int:
-    return len(self.data.pairs(self.length, split))
+    return len(self.records(split))
 
   def num_rows(self) -> int:
     """Training rows of an epoch: the packs with packing, else the pairs."""
@@ -208,7 +267,7 @@ class PairBatches:
              ) -> dict[str, np.ndarray]:
     """The masked batch of `records` ([n] record indices of `split`)."""
     try:
-      pairs = shards.decode_pairs(self.data.pairs(self.length, split).read(records),
+      pairs = shards.decode_pairs(self.records(split).read(records),
                                   self.data.dtype, self.length, self.masking.special.cls,
                                   self.masking.special.sep, self.stored)
     except ValueError as e:

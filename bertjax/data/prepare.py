@@ -17,7 +17,11 @@ the layout):
   documents, a random next segment drawn from the same text shard as the original draws it
   from the same input file: seq{L}/{train,heldout}; with --static_masks, masked too;
 * for each length, the plan that packs its training pairs into rows of at most
-  --max_sequences_per_row pairs (packing.py): seq{L}/packs-train (held-out pairs stay unpacked).
+  --max_sequences_per_row pairs (packing.py): seq{L}/packs-train (held-out pairs stay unpacked);
+* with --contiguous=true, for each length also contiguous single-segment examples
+  `[CLS] span [SEP]` for the No NSP and left-to-right ablations (config.pretraining; the paper,
+  section 5.1): each document's text cut into spans of L - 2 tokens, dupe_factor passes cut at
+  other places (pretraining_examples.iter_contiguous_spans): contiguous{L}/{train,heldout}.
 
 The vocabulary is the given one (--vocab: a sentencepiece .model or a WordPiece vocab.txt,
 copied into DATA) or a sentencepiece model trained on training sentences only, from text shards
@@ -49,10 +53,11 @@ from bertjax.data import packing, shards, text_shards
 from bertjax.errors import UserError
 
 INFO_FILE = "info.json"
+CONTIGUOUS = "contiguous"  # DATA/contiguous{L}/: the spans of --contiguous=true
 PLAN_FILE = "plan.json"  # flags and text shards, written first: a rerun resumes only with these
 DONE_DIR = "done"  # done/SSSSS.json: the counts of a finished text shard
 _FORMAT = 1
-_PAIRS, _MASKS = 2, 3  # kinds of seeded generator (text_shards.HELDOUT_SEED is 1)
+_PAIRS, _MASKS, _SPAN_MASKS = 2, 3, 4  # kinds of seeded generator (text_shards: HELDOUT_SEED 1)
 _MASK_CHUNK = 4096  # pairs masked at a time
 
 
@@ -72,6 +77,7 @@ class Options:
   whole_word_masking: bool = False
   seed: int = 0
   max_sequences_per_row: int = 3  # pairs in a packed row at most (packing plans)
+  contiguous: bool = False  # also contiguous spans per length (No NSP / LTR pretraining)
   shard_size_mb: float = 64.0  # text per shard (files)
   tfds_feature: str = "text"
   tfds_data_dir: str = ""
@@ -156,6 +162,11 @@ def process_text_shard(output_dir: str, index: int) -> dict:
                                    options.max_sequences_per_row)
         packing.write_plan(os.path.join(output_dir, packing.plan_name(name)), packs)
         done["packs"][packing.plan_name(name)] = [len(packs), int(sum(lengths))]
+      if options.contiguous:
+        name = shards.shard_name(f"{CONTIGUOUS}{length}", split, index, count)
+        done["files"][name] = shards.write_shard(
+            os.path.join(output_dir, name),
+            _span_records(docs, split, index, phase, options, tok, dtype))
   counts = np.bincount(np.concatenate([s for d in splits["train"] for s in d] or [[]]).astype(
       np.int64), minlength=tok.vocab_size)
   done["token_counts"] = {int(i): int(c) for i, c in enumerate(counts) if c}
@@ -197,6 +208,24 @@ def _pair_records(docs, split: str, index: int, phase: int, options: Options, to
   return _masked_records(
       pairs, length, options.max_predictions_per_seq[phase], pe.SpecialTokens.from_tokenizer(tok),
       options, np.random.default_rng([options.seed, _MASKS, index, phase, split == "train"]),
+      tok.word_boundary_tables() if options.whole_word_masking else None, dtype)
+
+
+def _span_records(docs, split: str, index: int, phase: int, options: Options, tok, dtype):
+  """The records of the contiguous spans (masked if static) of a text shard's `split`
+  documents at the phase's length: pair records with an empty B (shards.py); dupe_factor passes
+  for training, one for held-out documents."""
+  from bertjax.data import pretraining_examples as pe  # pylint: disable=import-outside-toplevel
+
+  length = options.max_seq_length[phase]
+  spans = pe.iter_contiguous_spans(docs, length, options.dupe_factor if split == "train" else 1)
+  empty = np.zeros(0, np.int32)
+  if not options.static_masks:
+    return (shards.encode_pair(span, empty, False, dtype) for span in spans)
+  return _masked_records(
+      ((span, empty, False) for span in spans), length, options.max_predictions_per_seq[phase],
+      pe.SpecialTokens.from_tokenizer(tok), options,
+      np.random.default_rng([options.seed, _SPAN_MASKS, index, phase, split == "train"]),
       tok.word_boundary_tables() if options.whole_word_masking else None, dtype)
 
 
@@ -380,6 +409,11 @@ def _write_info(output_dir: str, plan: dict) -> dict:
   def listing(kind, split):
     return [[name, n] for name, n in sorted(files.items()) if name.startswith(f"{kind}/{split}-")]
 
+  def span_listing(length):
+    spans = {split: listing(f"{CONTIGUOUS}{length}", split) for split in ("train", "heldout")}
+    return {**spans, "examples": sum(n for _, n in spans["train"]),
+            "heldout_examples": sum(n for _, n in spans["heldout"])}
+
   info = {
       "format": _FORMAT, "flags": plan["flags"],
       "vocab": {"file": plan["vocab_file"], "size": tok.vocab_size,
@@ -390,6 +424,9 @@ def _write_info(output_dir: str, plan: dict) -> dict:
       "phases": {str(length): {split: listing(f"seq{length}", split)
                                for split in ("train", "heldout")}
                  for length in options.max_seq_length}}
+  if options.contiguous:  # the spans of each length, as the pairs' phases
+    info[CONTIGUOUS] = {str(length): span_listing(length)
+                        for length in options.max_seq_length}
   packs = {name: value for d in done for name, value in d.get("packs", {}).items()}
   for length, phase in info["phases"].items():
     phase["examples"] = sum(n for _, n in phase["train"])
@@ -485,6 +522,9 @@ def _parser() -> argparse.ArgumentParser:
       "seed": "seed of every random choice",
       "max_sequences_per_row": "pairs in a row at most when training packs them "
                                "(--config.data.packing); a plan per shard and length",
+      "contiguous": "also contiguous single-segment spans per length, for pretraining "
+                    "without NSP or left-to-right (--config.pretraining.nsp=false or "
+                    "objective=ltr; true/false)",
       "shard_size_mb": "text per shard: the unit of work of one worker",
       "tfds_feature": "the TFDS text feature that holds a document",
       "tfds_data_dir": "where the TFDS dataset was built; empty: TFDS's default",
@@ -524,6 +564,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   for length, phase in info["phases"].items():
     if "packs" in phase:
       print(packing_summary(int(length), phase))
+  for length, spans in info.get(CONTIGUOUS, {}).items():
+    print(f"contiguous spans at {length}: {spans['examples']} + {spans['heldout_examples']} "
+          "held out")
   return 0
 
 

@@ -16,6 +16,11 @@ Follows the rules of google-research/bert's create_pretraining_data.py:
   word-start piece with its continuation pieces) and a word that would overshoot the number to
   predict is skipped, as the original does.
 
+For the paper's No NSP and left-to-right ablations (section 5.1), `iter_contiguous_spans` makes
+single-segment examples `[CLS] span [SEP]` instead: each a contiguous span of one document's
+text filling the whole length, as RoBERTa's DOC-SENTENCES (Liu et al. 2019). They are stored and
+padded as pairs whose B is empty (`pad_pairs`).
+
 Masking is vectorised over a batch (a [64, 128] batch takes well under a millisecond, plus the
 draws), so the pipeline can mask afresh every step. The random numbers an example needs are
 drawn by `draw_mask_randoms`, one call per example, so masks depend only on the generator an
@@ -142,9 +147,16 @@ def iter_segment_pairs(documents: Sequence[Sequence[Sequence[int]]], max_seq_len
       yield from _pairs_from_document(docs, doc_index, max_num_tokens, short_seq_prob, rng)
 
 
+def row_length(len_a: int, len_b: int) -> int:
+  """Tokens of the row of a pair: `[CLS] A [SEP] B [SEP]`, or `[CLS] A [SEP]` when B is empty
+  (a contiguous span, `iter_contiguous_spans`; NSP pairs never have an empty B)."""
+  return len_a + len_b + (3 if len_b else 2)
+
+
 def pad_pairs(pairs: Sequence[tuple[np.ndarray, np.ndarray, bool]], max_seq_length: int,
               special: SpecialTokens) -> dict[str, np.ndarray]:
-  """(A, B, is_random_next) pairs -> the padded example set of `create_segment_pairs`."""
+  """(A, B, is_random_next) pairs -> the padded example set of `create_segment_pairs`; a pair
+  with an empty B (a contiguous span) becomes `[CLS] A [SEP]`, segment ids all 0."""
   n = len(pairs)
   input_ids = np.full((n, max_seq_length), special.pad, np.int32)
   segment_ids = np.zeros((n, max_seq_length), np.int32)
@@ -154,10 +166,11 @@ def pad_pairs(pairs: Sequence[tuple[np.ndarray, np.ndarray, bool]], max_seq_leng
     input_ids[row, 0] = special.cls
     input_ids[row, 1:1 + la] = a
     input_ids[row, 1 + la] = special.sep
-    input_ids[row, 2 + la:2 + la + lb] = b
-    input_ids[row, 2 + la + lb] = special.sep
-    segment_ids[row, 2 + la:3 + la + lb] = 1  # B and its [SEP]
-    input_mask[row, :3 + la + lb] = 1
+    if lb:
+      input_ids[row, 2 + la:2 + la + lb] = b
+      input_ids[row, 2 + la + lb] = special.sep
+      segment_ids[row, 2 + la:3 + la + lb] = 1  # B and its [SEP]
+    input_mask[row, :row_length(la, lb)] = 1
   labels = np.array([int(is_random) for _, _, is_random in pairs], np.int32)
   return {"input_ids": input_ids, "segment_ids": segment_ids, "input_mask": input_mask,
           "next_sentence_label": labels}
@@ -236,6 +249,47 @@ def _truncate_pair(tokens_a: np.ndarray, tokens_b: np.ndarray, max_num_tokens: i
       lb -= 1
   (af, ab), (bf, bb) = cut["a"], cut["b"]
   return tokens_a[af:len(tokens_a) - ab], tokens_b[bf:len(tokens_b) - bb]
+
+
+# ----------------------------------------------------------------------------------------------
+# No NSP and left-to-right LM: contiguous single-segment examples.
+
+
+def iter_contiguous_spans(documents: Sequence[Sequence[Sequence[int]]], max_seq_length: int,
+                          dupe_factor: int = 1) -> Iterator[np.ndarray]:
+  """Yields the contiguous spans of tokenized documents: the single-segment examples
+  `[CLS] span [SEP]` of the paper's No NSP and LTR models (section 5.1).
+
+  Each document's sentences are joined into one stream of tokens and cut into spans of
+  max_seq_length - 2 tokens (room for [CLS] and [SEP]), the last span of a document shorter;
+  no span crosses a document's end. Pass p of `dupe_factor` starts cutting at token
+  p * (max_seq_length - 2) // dupe_factor (its first span is that short), so each pass cuts the
+  text at other places, as each of the original's passes pairs it differently. Every token is
+  in one span of each pass.
+
+  Args:
+    documents: documents -> sentences -> token ids (no special tokens); empty ones dropped.
+    max_seq_length: length of each row, [CLS] and [SEP] included (>= 3).
+    dupe_factor: passes over the documents.
+
+  Yields:
+    [n] int32 token ids of a span, 1 <= n <= max_seq_length - 2, in document order.
+  """
+  if max_seq_length < 3:
+    raise UserError(f"max_seq_length={max_seq_length} leaves no room for [CLS] span [SEP]; use 3 "
+                    "or more (128 or 512 as in the paper).")
+  if dupe_factor < 1:
+    raise UserError(f"dupe_factor={dupe_factor}; use 1 or more.")
+  span = max_seq_length - 2
+  streams = [np.concatenate([np.asarray(s, np.int32) for s in doc]) for doc in documents
+             if any(len(s) for s in doc)]
+  for dupe in range(dupe_factor):
+    shift = dupe * span // dupe_factor  # where pass `dupe` first cuts
+    for tokens in streams:
+      cuts = [0, *range(shift or span, len(tokens), span), len(tokens)]
+      for start, stop in zip(cuts, cuts[1:]):
+        if stop > start:
+          yield tokens[start:stop]
 
 
 # ----------------------------------------------------------------------------------------------

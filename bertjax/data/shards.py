@@ -7,6 +7,8 @@ A prepared directory (`bertjax.data.prepare` writes it) holds
   documents/{train,heldout}-SSSSS-of-NNNNN.array_record    tokenized documents
   seq{L}/{train,heldout}-SSSSS-of-NNNNN.array_record       NSP pairs of L tokens (one per phase)
   seq{L}/packs-train-SSSSS-of-NNNNN.npy       the training pairs' packing plan (packing.py)
+  contiguous{L}/{train,heldout}-...           contiguous spans of L tokens (prepare
+                                              --contiguous=true: No NSP and LTR pretraining)
 
 Shard SSSSS of NNNNN holds what text shard SSSSS of the input became. Records are flat arrays
 of the token dtype (uint16 for vocabularies up to 65,536 ids, else int32):
@@ -17,7 +19,8 @@ of the token dtype (uint16 for vocabularies up to 65,536 ids, else int32):
                                                             is 0 unless masks are stored)
 
 With static masks the stored A and B tokens are the masked ones and the positions index the
-padded `[CLS] A [SEP] B [SEP]` row.
+padded `[CLS] A [SEP] B [SEP]` row. A contiguous span is a pair record whose B is empty
+(len_b = 0, is_random_next = 0): its row is `[CLS] A [SEP]`, segment ids all 0.
 """
 from __future__ import annotations
 
@@ -97,14 +100,16 @@ def decode_pairs(records: Sequence[bytes], dtype: np.dtype, max_seq_length: int,
   for row, record in enumerate(records):
     values = np.frombuffer(record, dtype).astype(np.int32)
     la, lb, is_random, count = (int(v) for v in values[:4])
-    if 3 + la + lb > max_seq_length or count > max_predictions:
+    length = la + lb + (3 if lb else 2)  # [CLS] A [SEP] B [SEP], or [CLS] A [SEP] (a span)
+    if length > max_seq_length or count > max_predictions:
       raise ValueError(f"a pair of {la} + {lb} tokens and {count} predictions does not fit "
                        f"{max_seq_length} tokens and {max_predictions} predictions")
     ids = out["input_ids"][row]
     ids[0], ids[1:1 + la], ids[1 + la] = cls, values[4:4 + la], sep
-    ids[2 + la:2 + la + lb], ids[2 + la + lb] = values[4 + la:4 + la + lb], sep
-    out["segment_ids"][row, 2 + la:3 + la + lb] = 1
-    out["input_mask"][row, :3 + la + lb] = 1
+    if lb:
+      ids[2 + la:2 + la + lb], ids[2 + la + lb] = values[4 + la:4 + la + lb], sep
+      out["segment_ids"][row, 2 + la:3 + la + lb] = 1
+    out["input_mask"][row, :length] = 1
     out["next_sentence_label"][row] = is_random
     if count:
       start = 4 + la + lb

@@ -58,6 +58,9 @@ Attention paths (`BertConfig.attention`, `resolve_attention`): 'reference' is th
 with dropout on the attention probabilities; 'xla' and 'cudnn' call jax.nn.dot_product_attention
 (`dot_product_attention_kwargs` says which mask arguments each gets); 'splash' is the Pallas TPU
 kernel (`splash_attention`). They agree at every real token (tests/test_attention.py).
+A causal model (`BertConfig.causal`, the paper's left-to-right ablation) hides later keys on
+every path: the dense mask is lower-triangular, cuDNN unpacked gets is_causal, splash its
+CausalMask (tests/test_ablations.py).
 
 Packed batches (Krell et al. 2021): several sequences share a row; `BertEncoder` takes their
 position_ids (restarting at each [CLS]), sequence_ids (attention is block-diagonal by them, on
@@ -117,6 +120,11 @@ class BertConfig:
       `padded_vocab_size` rows (vocab_size rounded up to this multiple), so the vocabulary axis
       splits over tensor-parallel devices and matmuls get aligned shapes; padded rows never
       receive probability mass. 1 = no padding.
+    causal: each token attends only to itself and the tokens before it (a left-to-right
+      model: the paper's "LTR & No NSP" ablation, section 5.1), on every attention path; the
+      pooler then reads each sequence's last real token (its final [SEP], the only one that
+      sees the whole sequence, as OpenAI GPT classifies from its last token) instead of [CLS].
+      A property of the weights, so bert_config.json records it and fine-tuning keeps it.
   """
   vocab_size: int = 30522
   hidden_size: int = 768
@@ -135,6 +143,7 @@ class BertConfig:
   attention: str = "reference"
   remat: str = "none"
   pad_vocab_to_multiple: int = 128
+  causal: bool = False
 
   def __post_init__(self):
     for field in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
@@ -173,6 +182,8 @@ class BertConfig:
           "attention='auto', which takes 'xla' in float32.")
     if self.remat not in REMATS:
       raise ValueError(f"BertConfig.remat={self.remat!r}; use one of {list(REMATS)}.")
+    if not isinstance(self.causal, bool):
+      raise ValueError(f"BertConfig.causal={self.causal!r}; it must be true or false.")
 
   @property
   def padded_vocab_size(self) -> int:
@@ -235,7 +246,8 @@ class BertOutput(NamedTuple):
     sequence_output: [batch, seq, hidden] the last layer's hidden states, in the compute dtype.
     pooled_output: tanh(Dense(...)) of each [CLS]: [batch, hidden] (the first token of each
       row), or [batch, k, hidden] for a packed batch (the token at each of cls_positions);
-      None for an encoder built with use_pooler=False.
+      of each sequence's last real token in a causal model; None for an encoder built with
+      use_pooler=False.
     hidden_states: when asked for, num_layers + 1 arrays [batch, seq, hidden]: the embedding
       output, then each layer's output (the last equals sequence_output); otherwise None.
   """
@@ -275,6 +287,16 @@ def packed_attention_mask(sequence_ids: jax.Array) -> jax.Array:
   return (sequence_ids[:, :, None] == sequence_ids[:, None, :])[:, None]
 
 
+def causal_mask(seq: int) -> jax.Array:
+  """Which keys each query may attend to in a left-to-right model: itself and those before it.
+
+  Returns:
+    [1, 1, seq, seq] bool, True where key k <= query q (lower triangular; broadcasts over the
+    batch and the heads).
+  """
+  return jnp.tril(jnp.ones((seq, seq), bool))[None, None]
+
+
 class AttentionMask(NamedTuple):
   """Who may attend to whom, kept in the forms the attention paths take (a pytree).
 
@@ -287,12 +309,16 @@ class AttentionMask(NamedTuple):
   input_mask: jax.Array
   sequence_ids: jax.Array | None = None
 
-  def dense(self) -> jax.Array:
+  def dense(self, causal: bool = False) -> jax.Array:
     """[batch, 1, seq, seq] bool, True where query q may attend to key k: `attention_mask`
-    unpacked, `packed_attention_mask` packed."""
+    unpacked, `packed_attention_mask` packed; with `causal` (BertConfig.causal) also only keys
+    k <= q (`causal_mask`). A padding query still attends some key (a real one before it, or
+    itself packed), so no softmax row is empty."""
     if self.sequence_ids is None:
-      return attention_mask(self.input_mask)
-    return packed_attention_mask(self.sequence_ids)
+      dense = attention_mask(self.input_mask)
+    else:
+      dense = packed_attention_mask(self.sequence_ids)
+    return dense & causal_mask(dense.shape[-1]) if causal else dense
 
   def segment_ids(self) -> jax.Array:
     """[batch, seq] int32 ids such that q may attend k iff their ids are equal: sequence_ids
@@ -354,7 +380,8 @@ def resolve_attention(config: BertConfig, backend: str | None = None,
   return choice
 
 
-def dot_product_attention_kwargs(mask: AttentionMask, implementation: str) -> dict:
+def dot_product_attention_kwargs(mask: AttentionMask, implementation: str,
+                                 causal: bool = False) -> dict:
   """The masking arguments of `jax.nn.dot_product_attention` for 'xla' or 'cudnn'.
 
   What each implementation honours (jax/_src/nn/functions.py and
@@ -372,29 +399,38 @@ def dot_product_attention_kwargs(mask: AttentionMask, implementation: str) -> di
   issue 4476 trap, where a fused kernel silently attended across packed sequences. cuDNN honours
   the mask as a bias of -2^41 (bf16) on the blocked logits, so no probability crosses sequences.
 
+  Causal (BertConfig.causal): unpacked, cuDNN gets is_causal with the lengths (its
+  PADDING_CAUSAL mask type, which skips the blocks above the diagonal); otherwise the dense mask
+  is the causal one (`AttentionMask.dense(causal=True)`).
+
   Args:
     mask: the batch's AttentionMask.
     implementation: 'xla' or 'cudnn'.
+    causal: keys after the query are hidden too.
   Returns:
-    {'mask': [batch, 1, seq, seq] bool} or {'key_value_seq_lengths': [batch] int32}.
+    {'mask': [batch, 1, seq, seq] bool} or {'key_value_seq_lengths': [batch] int32} (and
+    'is_causal': True when causal).
   """
   if implementation == "cudnn" and mask.sequence_ids is None:
-    return {"key_value_seq_lengths": mask.input_mask.sum(axis=-1, dtype=jnp.int32)}
-  return {"mask": mask.dense()}
+    lengths = {"key_value_seq_lengths": mask.input_mask.sum(axis=-1, dtype=jnp.int32)}
+    return {**lengths, "is_causal": True} if causal else lengths
+  return {"mask": mask.dense(causal)}
 
 
 def splash_attention(query: jax.Array, key: jax.Array, value: jax.Array, mask: AttentionMask, *,
-                     interpret: bool = False) -> jax.Array:
+                     causal: bool = False, interpret: bool = False) -> jax.Array:
   """Multi-head attention by the Pallas splash-attention kernel (TPU), block-diagonal by segment.
 
   The kernel takes one example's [heads, seq, head_dim] and does not scale the logits, so the
   query is scaled by 1/sqrt(head_dim) here and the kernel is vmapped over the batch. Its mask is
-  full; which key a query may attend comes only from SegmentIds (`AttentionMask.segment_ids`),
-  which the kernel applies in every block.
+  full (or, causal, the kernel's CausalMask, which also skips the blocks above the diagonal);
+  which sequence a query may attend comes from SegmentIds (`AttentionMask.segment_ids`), which
+  the kernel applies in every block.
 
   Args:
     query, key, value: [batch, seq, heads, head_dim] in the compute dtype; seq a multiple of 128.
     mask: the batch's AttentionMask.
+    causal: keys after the query are hidden too (BertConfig.causal).
     interpret: run the kernel in the Pallas interpreter (any backend, slow: for tests).
   Returns:
     [batch, seq, heads, head_dim].
@@ -407,7 +443,8 @@ def splash_attention(query: jax.Array, key: jax.Array, value: jax.Array, mask: A
                      f"{seq}; pad the sequences to a multiple of 128 or use attention=auto.")
   block = next(b for b in (512, 256, 128) if seq % b == 0)  # the largest tile that divides seq
   kernel = splash.make_splash_mha(
-      splash.MultiHeadMask([splash.FullMask((seq, seq))] * heads),
+      splash.MultiHeadMask([(splash.CausalMask if causal else splash.FullMask)((seq, seq))]
+                           * heads),
       block_sizes=splash.BlockSizes(
           block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
           block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block),
@@ -514,7 +551,8 @@ class SelfAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, mask: AttentionMask, *, deterministic: bool) -> jax.Array:
-    """Attends each position to the keys `mask` allows.
+    """Attends each position to the keys `mask` allows (and, in a causal model, only to those
+    at or before it).
 
     Args:
       x: [batch, seq, hidden].
@@ -534,14 +572,14 @@ class SelfAttention(nn.Module):
     query, key, value = heads("query"), heads("key"), heads("value")
     implementation = resolve_attention(cfg, seq_len=seq)
     if implementation == "reference":
-      context = self.reference_attention(query, key, value, mask.dense(),
+      context = self.reference_attention(query, key, value, mask.dense(cfg.causal),
                                          deterministic=deterministic)
     elif implementation == "splash":
-      context = splash_attention(query, key, value, mask)
+      context = splash_attention(query, key, value, mask, causal=cfg.causal)
     else:  # [batch, seq, heads, head_dim] in and out
       context = jax.nn.dot_product_attention(
           query, key, value, implementation=implementation,
-          **dot_product_attention_kwargs(mask, implementation))
+          **dot_product_attention_kwargs(mask, implementation, cfg.causal))
     context = context.reshape(batch, seq, cfg.hidden_size)  # -> [batch, seq, hidden]
     return make_dense(cfg, cfg.hidden_size, ("heads", "embed"), "output")(context)
 
@@ -658,6 +696,28 @@ class Pooler(nn.Module):
     return jnp.tanh(dense(first))
 
 
+def last_token_positions(input_mask: jax.Array, sequence_ids: jax.Array | None = None,
+                         num_sequences: int = 1) -> jax.Array:
+  """Where each sequence's last real token is: what a causal model pools (BertConfig.causal).
+
+  Args:
+    input_mask: [batch, seq] 1 for real tokens (right-padded).
+    sequence_ids: [batch, seq] 1..k numbering packed sequences, 0 at padding; None = unpacked.
+    num_sequences: k, the slots of a packed row.
+  Returns:
+    [batch] int32 (the row's last real position), or [batch, k] int32 packed; 0 for a row or
+    slot without tokens.
+  """
+  if sequence_ids is None:
+    return jnp.maximum(input_mask.sum(axis=-1, dtype=jnp.int32) - 1, 0)
+  seq = sequence_ids.shape[-1]
+  slots = jnp.arange(1, num_sequences + 1, dtype=sequence_ids.dtype)  # [k]
+  # [batch, 1, seq] == [1, k, 1] -> [batch, k, seq]: position where the token is of slot j, else -1
+  where = jnp.where(sequence_ids[:, None, :] == slots[None, :, None],
+                    jnp.arange(seq, dtype=jnp.int32), -1)
+  return jnp.maximum(where.max(axis=-1), 0)  # [batch, k]
+
+
 class BertEncoder(nn.Module):
   """The whole BERT encoder: Embeddings -> Encoder -> Pooler.
 
@@ -690,7 +750,8 @@ class BertEncoder(nn.Module):
       sequence_ids: [batch, seq] int, 1..k numbering the sequences packed in a row, 0 at
         padding: attention is block-diagonal by it. None = unpacked.
       cls_positions: [batch, k] int row position of each packed sequence's [CLS], which the
-        pooler reads; None = position 0.
+        pooler reads; None = position 0. A causal model pools each sequence's last real token
+        instead (`last_token_positions`).
       deterministic: no dropout when True; when False the 'dropout' rng must be given.
       output_hidden_states: also return the embedding output and every layer's output.
     Returns:
@@ -706,9 +767,18 @@ class BertEncoder(nn.Module):
     mask = AttentionMask(input_mask, sequence_ids)
     outputs = self.encoder(x, mask, deterministic=deterministic)
     sequence_output = outputs[-1]
+    pooled_output = None
+    if self.use_pooler and not self.config.causal:
+      pooled_output = self.pooler(sequence_output, cls_positions)  # each [CLS]
+    elif self.use_pooler:  # a causal model: each sequence's last token, which sees all of it
+      if cls_positions is None:  # [batch] -> [batch, 1] -> pooled [batch, 1, hidden]
+        pooled_output = self.pooler(sequence_output,
+                                    last_token_positions(input_mask)[:, None])[:, 0]
+      else:
+        pooled_output = self.pooler(sequence_output, last_token_positions(
+            input_mask, sequence_ids, cls_positions.shape[-1]))
     return BertOutput(
-        sequence_output=sequence_output,
-        pooled_output=self.pooler(sequence_output, cls_positions) if self.use_pooler else None,
+        sequence_output=sequence_output, pooled_output=pooled_output,
         hidden_states=(x,) + outputs if output_hidden_states else None)
 
   def word_embedding_table(self) -> jax.Array:

@@ -167,8 +167,15 @@ class NextSentence(nn.Module):
 
 
 class BertForPreTraining(nn.Module):
-  """BertEncoder ('bert') + MaskedLM ('masked_lm', tied) + NextSentence ('next_sentence')."""
+  """BertEncoder ('bert') + MaskedLM ('masked_lm', tied) + NextSentence ('next_sentence').
+
+  With next_sentence=False (the paper's No NSP and LTR ablations, section 5.1) there is no NSP
+  head and no pooler (nothing would train it; as Hugging Face's BertForMaskedLM), and the NSP
+  logits are None. A left-to-right LM is this model on a causal BertConfig, scoring every
+  position's next token with the same tied head (bertjax.tasks.pretraining).
+  """
   config: BertConfig
+  next_sentence: bool = True
   batch_keys = INPUT_KEYS + ("masked_lm_positions",)
   packing_keys = PACKING_KEYS
 
@@ -188,14 +195,16 @@ class BertForPreTraining(nn.Module):
       deterministic: no dropout when True; when False the 'dropout' rng must be given.
     Returns:
       (mlm_logits [batch, num_predictions or seq, padded_vocab], nsp_logits [batch, 2], or
-      [batch, k, 2] with cls_positions), float32.
+      [batch, k, 2] with cls_positions, or None without next_sentence), float32.
     """
-    encoder = bert.BertEncoder(self.config, name="bert")
+    encoder = bert.BertEncoder(self.config, use_pooler=self.next_sentence, name="bert")
     out = encoder(input_ids, segment_ids, input_mask, position_ids=position_ids,
                   sequence_ids=sequence_ids, cls_positions=cls_positions,
                   deterministic=deterministic)
     mlm_logits = MaskedLM(self.config, name="masked_lm")(
         out.sequence_output, encoder.word_embedding_table(), masked_lm_positions)
+    if not self.next_sentence:
+      return mlm_logits, None
     nsp_logits = NextSentence(self.config, name="next_sentence")(out.pooled_output)
     return mlm_logits, nsp_logits
 

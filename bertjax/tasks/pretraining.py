@@ -19,6 +19,16 @@ Packing (`data.packing`, Krell et al. 2021): each training row holds up to
 within each pair (sequence_ids), positions restarting per pair, an NSP label and its own masks
 per pair; the loss and the metrics are the same per example, and batch_size counts rows.
 Evaluation is not packed.
+
+The pretraining-task ablations of the paper (section 5.1, Table 5), by `config.pretraining`:
+`nsp=false` is "No NSP": the masked LM alone (no NSP head, pooler, loss or metrics) on
+contiguous single-segment examples `[CLS] span [SEP]`, each span as long as the sequence allows
+from one document (prepared with --contiguous=true; `bertjax.data.pretraining_examples.
+iter_contiguous_spans`). `objective=ltr` is "LTR & No NSP": a left-to-right LM on the same
+spans, a causal encoder (BertConfig.causal, recorded in bert_config.json, so fine-tuning from it
+keeps the causal mask), no [MASK] corruption, and each real position's next token scored by the
+tied MLM head (`loader.NextTokens`): next_token_loss, next_token_accuracy, and the perplexity in
+evaluations. Neither is packed (the spans fill their rows; `check_config`).
 """
 from __future__ import annotations
 
@@ -40,6 +50,21 @@ from bertjax.errors import UserError
 from bertjax.models import bert, heads
 
 DATA_DIR = "data"  # WORKDIR/data: the config's text, prepared on first use
+OBJECTIVES = ("mlm", "ltr")  # config.pretraining.objective: masked LM, left-to-right LM
+
+
+def uses_nsp(config: ml_collections.ConfigDict) -> bool:
+  """Whether the run trains next-sentence prediction on NSP pairs (the paper's BERT), rather
+  than an ablation on contiguous spans (pretraining.nsp=false, or objective=ltr, which has no
+  NSP). A config without a `pretraining` section (written before it existed) is the paper's."""
+  ablation = config.get("pretraining")
+  return ablation is None or (ablation.objective == "mlm" and bool(ablation.nsp))
+
+
+def is_left_to_right(config: ml_collections.ConfigDict) -> bool:
+  """Whether the run trains the left-to-right LM (pretraining.objective=ltr)."""
+  ablation = config.get("pretraining")
+  return ablation is not None and ablation.objective == "ltr"
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:
@@ -79,6 +104,16 @@ def check_config(config: ml_collections.ConfigDict) -> None:
                     f"({tr.num_train_steps}).")
   if tr.learning_rate <= 0:
     raise UserError(f"train.learning_rate={tr.learning_rate}; use a positive rate.")
+  ablation = config.get("pretraining")
+  if ablation is not None and ablation.objective not in OBJECTIVES:
+    raise UserError(f"pretraining.objective={ablation.objective!r}; use mlm (the masked LM) or "
+                    "ltr (a left-to-right LM, the paper's LTR & No NSP).")
+  if data.packing and not uses_nsp(config):
+    which = ("pretraining.objective=ltr" if is_left_to_right(config)
+             else "pretraining.nsp=false")
+    raise UserError(f"data.packing=true packs NSP pairs, but {which} trains on contiguous "
+                    "spans, which fill their rows already (each is as long as the sequence "
+                    "allows) and are not packed; set data.packing=false.")
   model_config(config, data.vocab_size)  # the model fields, before any text is prepared
 
 
@@ -88,7 +123,8 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> bert.Ber
   try:
     bert_config = bert.bert_config(
         m.size, vocab_size=vocab_size, hidden_act=m.hidden_act,
-        max_position_embeddings=m.max_position_embeddings, **model_options.bert_overrides(m))
+        max_position_embeddings=m.max_position_embeddings, causal=is_left_to_right(config),
+        **model_options.bert_overrides(m))
   except (KeyError, ValueError) as e:
     raise UserError(f"bad model config: {e}".rstrip(".") + ". Check the config.model fields.") \
         from e
@@ -174,7 +210,8 @@ def prepare_options(config: ml_collections.ConfigDict) -> prepare.Options:
       eval_fraction=data.eval_fraction, static_masks=not data.dynamic_masking,
       masked_lm_prob=data.masked_lm_prob, whole_word_masking=data.whole_word_masking,
       seed=config.seed, max_sequences_per_row=data.max_sequences_per_row,
-      tfds_feature=data.tfds_feature, tfds_data_dir=data.tfds_data_dir)
+      tfds_feature=data.tfds_feature, tfds_data_dir=data.tfds_data_dir,
+      contiguous=not uses_nsp(config))
 
 
 def prepared_data(config: ml_collections.ConfigDict, workdir: str) -> loader.PreparedData:
@@ -250,6 +287,21 @@ def check_prepared(data: loader.PreparedData, config: ml_collections.ConfigDict)
                     f"{data.flags['whole_word_masking']}; set data.whole_word_masking to match.")
   if config.data.packing:
     _check_packs(data, config)
+  if not uses_nsp(config):
+    _check_spans(data, config)
+
+
+def _check_spans(data: loader.PreparedData, config: ml_collections.ConfigDict) -> None:
+  """UserError unless every phase's length has contiguous spans (prepare --contiguous=true)."""
+  for length in (config.data.max_seq_length, config.data.long_seq_length):
+    if length and not data.has_contiguous(length):
+      which = ("pretraining.objective=ltr" if is_left_to_right(config)
+               else "pretraining.nsp=false")
+      raise UserError(f"{which} trains on contiguous spans, which {data.directory} lacks at "
+                      f"{length} tokens; prepare the text with --contiguous=true (python -m "
+                      "bertjax.data.prepare, into a new directory, with the other flags of its "
+                      f"{prepare.INFO_FILE}), or drop data.prepared to prepare it into the "
+                      "workdir.")
 
 
 def _check_packs(data: loader.PreparedData, config: ml_collections.ConfigDict) -> None:
@@ -274,38 +326,56 @@ def _check_packs(data: loader.PreparedData, config: ml_collections.ConfigDict) -
 # Loss and metrics.
 
 
-def make_terms(baseline_token: int):
+def make_terms(baseline_token: int, nsp: bool = True, left_to_right: bool = False):
   """(outputs, batch) -> the terms of pretraining (`train.Terms`): the paper's objective is the
   sum of the MLM mean (cross-entropy over the real masked positions, masked_lm_weights) and the
   NSP mean (over the examples), with their accuracies and the MLM accuracy of always guessing
   `baseline_token` (the frequency baseline). Packed batches give the same terms per example:
-  their predictions are [batch, k * P] and their examples [batch, k]."""
+  their predictions are [batch, k * P] and their examples [batch, k].
+
+  Without `nsp` (No NSP, and the left-to-right LM) there are no NSP terms. `left_to_right` names
+  the LM terms next_token_* (the batch's masked_lm_* are then every position's next token,
+  `loader.NextTokens`): next_token_loss is the mean cross-entropy of each real token given
+  those before it."""
+  lm = "next_token" if left_to_right else "mlm"
 
   def terms(outputs, batch):
-    # [batch, predictions, vocab], [batch, 2] ([batch, k, 2] packed); float32
+    # [batch, predictions, vocab], [batch, 2] ([batch, k, 2] packed; None without NSP); float32
     mlm_logits, nsp_logits = outputs
-    ids, labels = batch["masked_lm_ids"], batch["next_sentence_label"]
+    ids = batch["masked_lm_ids"]
     mlm_weight = batch["masked_lm_weights"]  # [batch, predictions]
+    lm_terms = {
+        f"{lm}_loss": (optax.softmax_cross_entropy_with_integer_labels(mlm_logits, ids),
+                       mlm_weight),
+        f"{lm}_accuracy": (jnp.argmax(mlm_logits, -1) == ids, mlm_weight),
+        f"frequency_baseline_{lm}_accuracy": (ids == baseline_token, mlm_weight)}
+    if not nsp:
+      return lm_terms
+    labels = batch["next_sentence_label"]
     example_weight = batch["example_weight"]  # [batch] ([batch, k] packed; 0: empty slot)
     return {
-        "mlm_loss": (optax.softmax_cross_entropy_with_integer_labels(mlm_logits, ids),
-                     mlm_weight),
+        "mlm_loss": lm_terms["mlm_loss"],
         "nsp_loss": (optax.softmax_cross_entropy_with_integer_labels(nsp_logits, labels),
                      example_weight),
-        "mlm_accuracy": (jnp.argmax(mlm_logits, -1) == ids, mlm_weight),
+        "mlm_accuracy": lm_terms["mlm_accuracy"],
         "nsp_accuracy": (jnp.argmax(nsp_logits, -1) == labels, example_weight),
-        "frequency_baseline_mlm_accuracy": (ids == baseline_token, mlm_weight)}
+        "frequency_baseline_mlm_accuracy": lm_terms["frequency_baseline_mlm_accuracy"]}
 
   return terms
 
 
 def score(totals: dict[str, Any], predictions: None) -> dict[str, float]:
-  """Evaluation totals -> the means (loss = MLM + NSP), the MLM perplexity and the number of
-  held-out examples."""
+  """Evaluation totals -> the means (loss = MLM + NSP, or the one LM loss without NSP), the LM's
+  perplexity (mlm_perplexity or next_token_perplexity), and the number of held-out examples
+  (with NSP) or of scored tokens, `predictions` (without)."""
   del predictions  # pretraining is scored by its sums alone
   metrics = train.means(totals)
-  metrics["mlm_perplexity"] = float(np.exp(min(metrics["mlm_loss"], 50.0)))
-  metrics["examples"] = float(totals["nsp_loss"].count)
+  lm = "next_token" if "next_token_loss" in metrics else "mlm"
+  metrics[f"{lm}_perplexity"] = float(np.exp(min(metrics[f"{lm}_loss"], 50.0)))
+  if "nsp_loss" in totals:
+    metrics["examples"] = float(totals["nsp_loss"].count)
+  else:
+    metrics["predictions"] = float(totals[f"{lm}_loss"].count)
   return metrics
 
 
@@ -363,16 +433,20 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> train.Task:
   check_prepared(prepared, config)
   special = pe.SpecialTokens.from_tokenizer(tok)
   word_tables = tok.word_boundary_tables() if data.whole_word_masking else None
+  nsp, left_to_right = uses_nsp(config), is_left_to_right(config)
 
   def batches(length: int, max_predictions: int, batch_size: int,
               packing: bool = False) -> loader.PairBatches:
-    masking = loader.Masking(special, data.masked_lm_prob, max_predictions,
-                             data.dynamic_masking, config.seed, word_tables)
-    return loader.PairBatches(prepared, length, masking,
+    if left_to_right:
+      targets = loader.NextTokens(special, config.seed)
+    else:
+      targets = loader.Masking(special, data.masked_lm_prob, max_predictions,
+                               data.dynamic_masking, config.seed, word_tables)
+    return loader.PairBatches(prepared, length, targets,
                               batch_size=batch_size // jax.process_count(),
                               process_index=jax.process_index(),
                               process_count=jax.process_count(), threads=data.loader_threads,
-                              packing=packing)
+                              packing=packing, contiguous=not nsp)
 
   phases = [batches(data.max_seq_length, data.max_predictions_per_seq, tr.batch_size,
                     data.packing)]
@@ -389,12 +463,15 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> train.Task:
   rows = phases[0].num_rows()
   packed = (f" in {rows} packed rows ({phases[0].num_examples() / rows:.2f} a row)"
             if data.packing else "")
-  print(f"pretraining on {prepared.directory}: {phases[0].num_examples()} training examples"
-        f"{packed} ({rows // tr.batch_size} steps per epoch), {num_eval} held-out "
-        f"examples, vocabulary {tok.vocab_size}, frequency baseline token "
+  objective = ("a left-to-right LM on contiguous spans" if left_to_right else
+               "MLM + NSP on segment pairs" if nsp else "MLM on contiguous spans (No NSP)")
+  print(f"pretraining ({objective}) on {prepared.directory}: {phases[0].num_examples()} "
+        f"training examples{packed} ({rows // tr.batch_size} steps per epoch), {num_eval} "
+        f"held-out examples, vocabulary {tok.vocab_size}, frequency baseline token "
         f"{tok.id_to_token(baseline_token)!r}")
   return train.Task(
-      model=heads.BertForPreTraining(bert_config), terms=make_terms(baseline_token),
+      model=heads.BertForPreTraining(bert_config, next_sentence=nsp),
+      terms=make_terms(baseline_token, nsp, left_to_right),
       batches=train.Batches(
           train=_Phases(phases, tr.long_seq_from_step if data.long_seq_length else 0,
                         bool(data.packing)).iterate,
