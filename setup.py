@@ -40,6 +40,7 @@ setuptools.setup(
         "tensorboardX==2.6.5",
         "clu==0.0.12",  # metrics (clu.metrics only: its metric_writers import TensorFlow)
         "seqeval==1.2.2",  # entity-level NER F1 (conlleval's rules)
+        "matplotlib==3.11.2",  # WORKDIR/curves.png (bertjax.curves; imported only to draw)
     ],
     extras_require={
         # Reference peers for parity tests and benchmarks: torch's CPU build, transformers;

@@ -592,7 +592,9 @@ def _vocab_rows_fit(saved: tuple[int, ...], expected: tuple[int, ...], vocab_siz
 def find_step_dir(path: epath.PathLike) -> epath.Path:
   """The step directory that `path` names: a workdir (its latest checkpoint), a checkpoints
   directory (its latest step) or one step directory."""
-  path = epath.Path(path)
+  # orbax reads only absolute paths: a relative local one (--config.init_checkpoint=CKPT) is
+  # taken from the working directory.
+  path = epath.Path(path if "://" in str(path) else os.path.abspath(path))
   if not path.exists():
     raise UserError(f"checkpoint path {path} does not exist; set --config.init_checkpoint to a "
                     "workdir, its checkpoints/ directory or one step directory in it.")

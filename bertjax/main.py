@@ -24,7 +24,8 @@ flags.mark_flags_as_required(["config", "workdir"])
 _PACKAGED_CONFIGS = os.path.dirname(configs.__file__)  # configs/ as installed: bertjax.configs
 
 
-def _fail(message: str) -> None:
+def fail(message: str) -> None:
+  """Prints `message` as bertjax's one error line and exits with status 2."""
   print(f"bertjax: error: {message}", file=sys.stderr)
   sys.exit(2)
 
@@ -39,12 +40,12 @@ def _config_file(value: str) -> str:
     path, value = packaged, packaged + colon + arg
   if not os.path.isfile(path):
     names = sorted(n for n in os.listdir(_PACKAGED_CONFIGS) if n.endswith(".py") and n[0] != "_")
-    _fail(f"no config file {path}, neither here nor among bertjax's configs/: {' '.join(names)}.")
+    fail(f"no config file {path}, neither here nor among bertjax's configs/: {' '.join(names)}.")
   try:
     with open(path, "rb"):
       pass
   except OSError as e:
-    _fail(f"cannot read the config file {path} ({e.strerror}); check its permissions.")
+    fail(f"cannot read the config file {path} ({e.strerror}); check its permissions.")
   return value
 
 
@@ -115,37 +116,54 @@ def _flag_error_message(error: Exception, argv: list[str]) -> str | None:
   return None
 
 
-def _parse_flags(argv: list[str]) -> list[str]:
+def parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing, with a config file that does not load, an unknown --config.KEY or a
   bad flag value turned into one clear message."""
   argv = _find_config(argv)
   try:
     return flags.FLAGS(argv)
   except UserError as e:  # a config's get_config refused its argument (configs/squad.py:v3)
-    _fail(str(e))
+    fail(str(e))
   except Exception as e:  # pylint: disable=broad-except
     message = _config_load_message(e, _config_path(argv)) or _flag_error_message(e, argv)
     if message is None:
       raise
-    _fail(message)
+    fail(message)
+
+
+def parsed_config(argv: list[str]) -> ml_collections.ConfigDict:
+  """The config that --config and its --config.KEY overrides made, once parse_flags has run;
+  stops with one line on stray arguments or a get_config() that returned something else."""
+  if len(argv) > 1:
+    fail(f"unexpected arguments {argv[1:]}; flags are written --name=value.")
+  config = _CONFIG.value
+  if not isinstance(config, ml_collections.ConfigDict):
+    fail(f"get_config() of {config_flags.get_config_filename(flags.FLAGS['config'])} returned "
+         f"{type(config).__name__}, not an ml_collections.ConfigDict; return the config.")
+  return config
+
+
+def run_task(config: ml_collections.ConfigDict, directory: str):
+  """Runs the config's task in `directory`, held for the run (`bertjax.workdir`: one run at a
+  time); returns what the task returns. Call `parallel.maybe_initialize_distributed` first.
+
+  Raises:
+    UserError: bad input of any kind.
+  """
+  with workdir.held(directory):  # before any work: one run at a time on a workdir
+    return tasks.run(config, directory)
 
 
 def main(argv: list[str]) -> None:
-  if len(argv) > 1:
-    _fail(f"unexpected arguments {argv[1:]}; flags are written --name=value.")
-  config = _CONFIG.value
-  if not isinstance(config, ml_collections.ConfigDict):
-    _fail(f"get_config() of {config_flags.get_config_filename(flags.FLAGS['config'])} returned "
-          f"{type(config).__name__}, not an ml_collections.ConfigDict; return the config.")
+  config = parsed_config(argv)
   directory = os.path.abspath(os.path.expanduser(_WORKDIR.value))
   try:
     parallel.maybe_initialize_distributed()
-    with workdir.held(directory):  # before any work: one run at a time on a workdir
-      tasks.run(config, directory)
+    run_task(config, directory)
   except UserError as e:
-    _fail(str(e))
+    fail(str(e))
 
 
 if __name__ == "__main__":
   logging.set_verbosity(logging.WARNING)
-  app.run(main, flags_parser=_parse_flags)
+  app.run(main, flags_parser=parse_flags)

@@ -33,7 +33,8 @@ import tqdm
 from clu import metrics as clu_metrics
 from etils import epath
 
-from bertjax import checkpoint, flops, metric_logs, model_options, optim, parallel, preemption
+from bertjax import (checkpoint, curves, flops, metric_logs, model_options, optim, parallel,
+                     preemption)
 from bertjax.errors import UserError
 from bertjax.models import heads
 
@@ -80,6 +81,9 @@ class Task:
       the last step for "eval" (the last evaluation's predictions) and each predict set.
     files: workdir files that describe the model, {name: text or bytes} (bert_config.json,
       the tokenizer, labels.json), written next to config.json.
+    main_metric: the reported metric that says how good the model is (higher is better; e.g.
+      "mlm_accuracy", GLUE's "f1" for MRPC), recorded in eval_results.json as "main_metric" and
+      plotted in WORKDIR/curves.png (`bertjax.curves`); "" for none.
   """
   model: nn.Module
   terms: Callable[[Any, Batch], Terms]
@@ -88,6 +92,7 @@ class Task:
   score: Callable[[dict[str, Any], dict[str, np.ndarray] | None], dict[str, float]] | None = None
   write: Callable[[str, dict[str, np.ndarray], epath.Path], None] | None = None
   files: Mapping[str, str | bytes] = dataclasses.field(default_factory=dict)
+  main_metric: str = ""
 
 
 def is_loss(name: str) -> bool:
@@ -476,8 +481,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, task: Ta
       metrics, eval_predictions = evaluate(setup, task, state["params"], tr.eval_steps)
       log.write_eval(step, metrics)
       if jax.process_index() == 0:
+        main = {"main_metric": task.main_metric} if task.main_metric else {}
         (workdir / "eval_results.json").write_text(
-            json.dumps({"step": step, **metrics}, indent=2) + "\n")
+            json.dumps({"step": step, **metrics, **main}, indent=2) + "\n")
+        curves.draw(workdir, task.main_metric)
       return metrics
 
     bar = tqdm.tqdm(total=total, initial=start_step, desc="train", unit="step",
@@ -521,6 +528,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, task: Ta
                         f"checkpoint at step {step}; rerun the same command to resume.")
         break
     bar.close()
+    evaluated = task.batches.eval is not None and (step % tr.eval_every_steps == 0
+                                                   or step == total)
+    if jax.process_index() == 0 and step > start_step and not evaluated:
+      curves.draw(workdir, task.main_metric)  # the training steps after the last evaluation
     if step == total and task.write is not None:
       write = task.write if jax.process_index() == 0 else lambda *_: None
       if eval_predictions is not None:

@@ -1,4 +1,6 @@
-"""Fixtures shared by several test modules: a random BERT directory, a tiny TFDS text dataset."""
+"""Fixtures shared by several test modules: a random BERT directory, a tiny TFDS text dataset,
+GLUE-format files."""
+import csv
 import hashlib
 import os
 
@@ -47,16 +49,18 @@ def tree_digest(path) -> str:
   return digest.hexdigest()
 
 
-def save_random_bert(directory, vocab: list[str]) -> str:
-  """A random (untrained) small BERT (L2 H64 A2, 64 positions) with WordPiece vocabulary
-  `vocab`, saved as a bertjax checkpoint directory (DIRECTORY/bert, with bert_config.json and
-  vocab.txt), the form `--config.init_checkpoint` takes. Returns its path."""
+def save_random_bert(directory, vocab: list[str], max_position_embeddings: int = 64) -> str:
+  """A random (untrained) small BERT (L2 H64 A2, 64 positions unless told) with WordPiece
+  vocabulary `vocab`, saved as a bertjax checkpoint directory (DIRECTORY/bert, with
+  bert_config.json and vocab.txt), the form `--config.init_checkpoint` takes. Returns its
+  path."""
   os.makedirs(directory, exist_ok=True)
   vocab_file = os.path.join(directory, "vocab.txt")
   with open(vocab_file, "w", encoding="utf-8") as f:
     f.write("".join(t + "\n" for t in vocab))
   config = bert.BertConfig(vocab_size=len(vocab), hidden_size=64, num_layers=2, num_heads=2,
-                           intermediate_size=128, max_position_embeddings=64)
+                           intermediate_size=128,
+                           max_position_embeddings=max_position_embeddings)
   ids = np.zeros((1, 4), np.int32)
   params = heads.BertForPreTraining(config).init(jax.random.PRNGKey(0), ids, ids, ids,
                                                  deterministic=True)["params"]
@@ -70,6 +74,58 @@ def save_random_bert(directory, vocab: list[str]) -> str:
 def random_bert():
   """save_random_bert, for a module's model_dir fixture."""
   return save_random_bert
+
+
+# GLUE-format files whose labels follow from the words (tests/test_glue.py, tests/test_sweep.py),
+# and the vocabulary of a model that reads them.
+GLUE_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+GLUE_FILLER = [f"word{i}" for i in range(40)]
+GLUE_VOCAB = GLUE_SPECIALS + ["good", "bad", "great", "awful"] + GLUE_FILLER
+
+
+def glue_sentences(rng, n):
+  """(sentence, number of positive words - negative words) pairs."""
+  rows = []
+  for _ in range(n):
+    words = list(rng.choice(GLUE_FILLER, size=rng.integers(3, 8)))
+    sentiment = rng.choice(["good", "bad", "great", "awful"], size=rng.integers(1, 3))
+    for word in sentiment:
+      words.insert(rng.integers(0, len(words) + 1), word)
+    score = sum(1 if w in ("good", "great") else -1 for w in sentiment)
+    rows.append((" ".join(words), score))
+  return rows
+
+
+def write_tsv(path, header, rows):
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, "w", encoding="utf-8", newline="") as f:
+    writer = csv.writer(f, delimiter="\t", quoting=csv.QUOTE_NONE, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows(rows)
+
+
+@pytest.fixture(scope="session")
+def glue_dir(tmp_path_factory):
+  """SST-2 (label 1 when the sentence is positive on balance) and STS-B (score from the words of
+  both sentences) in GLUE's download layout, shared (read only)."""
+  directory = tmp_path_factory.mktemp("glue")
+  rng = np.random.default_rng(0)
+  sst = {split: [(s, score) for s, score in glue_sentences(rng, n) if score != 0]
+         for split, n in (("train", 480), ("dev", 96), ("test", 40))}
+  for split in ("train", "dev"):
+    write_tsv(directory / "SST-2" / f"{split}.tsv", ["sentence", "label"],
+              [(s, int(score > 0)) for s, score in sst[split]])
+  write_tsv(directory / "SST-2" / "test.tsv", ["index", "sentence"],
+            [(i, s) for i, (s, _) in enumerate(sst["test"])])
+  header = ["index", "genre", "filename", "year", "old_index", "source1", "source2",
+            "sentence1", "sentence2", "score"]
+  for split, n in (("train", 320), ("dev", 64)):
+    pairs = zip(glue_sentences(rng, n), glue_sentences(rng, n))
+    write_tsv(directory / "STS-B" / f"{split}.tsv", header,
+              [(i, "main-captions", "MSRvid", "2012test", f"{i:04d}", "none", "none", a, b,
+                f"{2.5 + 0.6 * (sa + sb):.3f}")
+               for i, ((a, sa), (b, sb)) in enumerate(pairs)])
+  return str(directory)
 
 
 def _tiny_builder_class():

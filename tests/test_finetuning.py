@@ -79,7 +79,8 @@ ANIMAL_SPEC = finetuning.Spec(
     name="animal fine-tuning", read=read,
     model=lambda bert_config, data: heads.BertForSequenceClassification(bert_config,
                                                                         data.num_labels),
-    terms=terms, predict=predict, score=score, write=write)
+    terms=terms, predict=predict, score=score, write=write,
+    main_metric=lambda config: "accuracy")
 
 # ---- the test ---------------------------------------------------------------------------------
 

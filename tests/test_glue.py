@@ -1,11 +1,11 @@
 """GLUE fine-tuning end to end (configs/glue.py) on data in GLUE's own file layout.
 
 A small random BERT with a WordPiece vocabulary is saved as a bertjax checkpoint; SST-2- and
-STS-B-format files are written whose labels follow from the words (so a model can learn them);
+STS-B-format files (conftest's glue_dir) have labels that follow from the words (so a model can
+learn them);
 fine-tuning then has to learn the dev split, and writes eval_results.json, eval_predictions.tsv
 and the leaderboard file of the test split.
 """
-import csv
 import json
 import os
 import subprocess
@@ -16,6 +16,7 @@ import pytest
 
 import torch
 import transformers
+from conftest import GLUE_VOCAB
 
 from bertjax import metrics, model_files
 from bertjax.convert import __main__ as convert_cli
@@ -25,60 +26,12 @@ from bertjax import tasks
 from bertjax.tasks import glue
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-FILLER = [f"word{i}" for i in range(40)]
-VOCAB = SPECIALS + ["good", "bad", "great", "awful"] + FILLER
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory, random_bert):
   """A random (untrained) small BERT saved as a bertjax checkpoint with its vocab.txt."""
-  return random_bert(tmp_path_factory.mktemp("model"), VOCAB)
-
-
-def _sentences(rng, n):
-  """(sentence, number of positive words - negative words) pairs."""
-  rows = []
-  for _ in range(n):
-    words = list(rng.choice(FILLER, size=rng.integers(3, 8)))
-    sentiment = rng.choice(["good", "bad", "great", "awful"], size=rng.integers(1, 3))
-    for word in sentiment:
-      words.insert(rng.integers(0, len(words) + 1), word)
-    score = sum(1 if w in ("good", "great") else -1 for w in sentiment)
-    rows.append((" ".join(words), score))
-  return rows
-
-
-def _write_tsv(path, header, rows):
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  with open(path, "w", encoding="utf-8", newline="") as f:
-    writer = csv.writer(f, delimiter="\t", quoting=csv.QUOTE_NONE, lineterminator="\n")
-    writer.writerow(header)
-    writer.writerows(rows)
-
-
-@pytest.fixture(scope="module")
-def glue_dir(tmp_path_factory):
-  """SST-2 (label 1 when the sentence is positive on balance) and STS-B (score from the words of
-  both sentences) in GLUE's download layout."""
-  directory = tmp_path_factory.mktemp("glue")
-  rng = np.random.default_rng(0)
-  sst = {split: [(s, score) for s, score in _sentences(rng, n) if score != 0]
-         for split, n in (("train", 480), ("dev", 96), ("test", 40))}
-  for split in ("train", "dev"):
-    _write_tsv(directory / "SST-2" / f"{split}.tsv", ["sentence", "label"],
-               [(s, int(score > 0)) for s, score in sst[split]])
-  _write_tsv(directory / "SST-2" / "test.tsv", ["index", "sentence"],
-             [(i, s) for i, (s, _) in enumerate(sst["test"])])
-  header = ["index", "genre", "filename", "year", "old_index", "source1", "source2",
-            "sentence1", "sentence2", "score"]
-  for split, n in (("train", 320), ("dev", 64)):
-    pairs = zip(_sentences(rng, n), _sentences(rng, n))
-    _write_tsv(directory / "STS-B" / f"{split}.tsv", header,
-               [(i, "main-captions", "MSRvid", "2012test", f"{i:04d}", "none", "none", a, b,
-                 f"{2.5 + 0.6 * (sa + sb):.3f}")
-                for i, ((a, sa), (b, sb)) in enumerate(pairs)])
-  return str(directory)
+  return random_bert(tmp_path_factory.mktemp("model"), GLUE_VOCAB)
 
 
 def _config(task, model_dir, glue_dir, **train):

@@ -70,9 +70,9 @@ def test_cli_end_to_end(corpus, tmp_path):
   workdir = tmp_path / "run"
   out = _run(workdir, _flags(corpus))
   assert out.returncode == 0, out.stderr[-3000:]
-  assert sorted(os.listdir(workdir)) == ["bert_config.json", "checkpoints", "config.json", "data",
-                                         "eval_results.json", "metrics.jsonl", "tensorboard",
-                                         "vocab.model"]
+  assert sorted(os.listdir(workdir)) == ["bert_config.json", "checkpoints", "config.json",
+                                         "curves.png", "data", "eval_results.json",
+                                         "metrics.jsonl", "tensorboard", "vocab.model"]
   assert sorted(int(s) for s in os.listdir(workdir / "checkpoints")) == [4, 6]  # keep 2
   records = _metrics(workdir)
   train_records = [r for r in records if r["split"] == "train"]
@@ -86,7 +86,8 @@ def test_cli_end_to_end(corpus, tmp_path):
   assert eval_records[-1]["examples"] == 32  # eval_steps=2 batches of 16
   assert 0 <= eval_records[-1]["frequency_baseline_mlm_accuracy"] < 0.5
   last = json.loads((workdir / "eval_results.json").read_text())  # the last evaluation
-  assert last == {k: v for k, v in eval_records[-1].items() if k != "split"}
+  assert last == {**{k: v for k, v in eval_records[-1].items() if k != "split"},
+                  "main_metric": "mlm_accuracy"}
   assert os.listdir(workdir / "tensorboard")
   config = (workdir / "config.json").read_text()
   assert '"max_seq_length": 32' in config

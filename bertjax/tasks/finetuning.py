@@ -7,7 +7,8 @@ A new fine-tuning task is a spec plus a config of a few lines over configs/finet
   SPEC = finetuning.Spec(
       name="my task", read=read, model=lambda bert_config, data: heads.BertForSequenceClassification(
           bert_config, data.num_labels),
-      terms=terms, predict=predict, score=score, write=write)
+      terms=terms, predict=predict, score=score, write=write,
+      main_metric=lambda config: "accuracy")
   finetuning.run(SPEC, config, workdir)     # or a line in bertjax/tasks/__init__.py's REGISTRY
 
 What this module does for every spec: it loads `config.init_checkpoint`'s model directory (its
@@ -99,6 +100,9 @@ class Spec:
       batches have labels.
     write: (data, set name, predictions, workdir) -> None: the official output files; "eval" is
       the last evaluation's set, the others are Data.predict's.
+    main_metric: config -> the name, among `score`'s metrics, of the one the paper reports for
+      the task (higher is better; e.g. "f1" for SQuAD): recorded in eval_results.json, plotted
+      in curves.png, and what `bertjax.sweep` picks the best run by.
     padding_invariant: the loss and the predictions at real tokens do not depend on padding
       positions (attention masks them, loss weights are 0 there), so batches may be cut to
       data.length_buckets. Predictions shaped like the batch's input_mask ([batch, seq, ...],
@@ -116,6 +120,7 @@ class Spec:
   predict: Callable[[Any, Mapping[str, Any]], dict[str, Any]]
   score: Callable[[Data, dict[str, np.ndarray]], dict[str, float]]
   write: Callable[[Data, str, dict[str, np.ndarray], epath.Path], None]
+  main_metric: Callable[[ml_collections.ConfigDict], str]
   padding_invariant: bool = False
   packable: bool = False
 
@@ -327,7 +332,7 @@ def make_task(spec: Spec, config: ml_collections.ConfigDict, workdir: str) -> tr
       batches=train.Batches(train=train_batches.iterate, eval=eval_batches.eval_batches,
                             predict=predict_sets),
       predict=predict if buckets or k else spec.predict, score=score, write=write,
-      files={**pretrained.files, **data.files})
+      files={**pretrained.files, **data.files}, main_metric=spec.main_metric(config))
 
 
 def run(spec: Spec, config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:

@@ -35,6 +35,10 @@ from bertjax.models import heads
 from bertjax.tasks import finetuning
 
 EVAL_PREDICTIONS_FILE = "eval_predictions.tsv"
+# The metric the paper reports for each task (Table 1: "F1 scores are reported for QQP and MRPC,
+# Spearman correlations are reported for STS-B"; CoLA is GLUE's Matthews correlation), a key of
+# bertjax.metrics.glue_metrics; every other task: accuracy.
+MAIN_METRICS = {"cola": "matthews_correlation", "stsb": "spearmanr", "mrpc": "f1", "qqp": "f1"}
 
 
 def glue_task(config: ml_collections.ConfigDict) -> glue_data.GlueTask:
@@ -46,6 +50,11 @@ def glue_task(config: ml_collections.ConfigDict) -> glue_data.GlueTask:
     raise UserError(f"unknown GLUE task {config.task!r}; use one of "
                     f"{sorted(set(glue_data.TASKS) - {'ax'})}.")
   return glue_data.TASKS[config.task]
+
+
+def main_metric(config: ml_collections.ConfigDict) -> str:
+  """The metric the paper reports for the GLUE task config.task (MAIN_METRICS)."""
+  return MAIN_METRICS.get(glue_task(config).name, "accuracy")
 
 
 def read_split(config: ml_collections.ConfigDict, task: glue_data.GlueTask,
@@ -150,5 +159,5 @@ SPEC = finetuning.Spec(
     name="GLUE fine-tuning", read=read,
     model=lambda bert_config, data: heads.BertForSequenceClassification(bert_config,
                                                                         data.num_labels),
-    terms=terms, predict=predict, score=score, write=write, padding_invariant=True,
-    packable=True)
+    terms=terms, predict=predict, score=score, write=write, main_metric=main_metric,
+    padding_invariant=True, packable=True)

@@ -163,4 +163,5 @@ SPEC = finetuning.Spec(
     name="NER fine-tuning (a cased model suits NER)", read=read,
     model=lambda bert_config, data: heads.BertForTokenClassification(bert_config,
                                                                      data.num_labels),
-    terms=terms, predict=predict, score=score, write=write, padding_invariant=True)
+    terms=terms, predict=predict, score=score, write=write, padding_invariant=True,
+    main_metric=lambda config: "f1")  # entity-level F1 (seqeval), as the paper's Table 7

@@ -476,7 +476,8 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> train.Task:
           train=_Phases(phases, tr.long_seq_from_step if data.long_seq_length else 0,
                         bool(data.packing)).iterate,
           eval=eval_batches.eval_batches if num_eval else None),
-      score=score,
+      score=score,  # main_metric: on the held-out documents
+      main_metric="next_token_accuracy" if left_to_right else "mlm_accuracy",
       files={model_files.BERT_CONFIG_FILE: model_files.bert_config_json(bert_config),
              **model_files.tokenizer_file_contents(prepared.directory)})  # the vocabulary
 

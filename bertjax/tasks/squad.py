@@ -153,4 +153,5 @@ def write(data: finetuning.Data, name: str, predictions: dict[str, np.ndarray],
 SPEC = finetuning.Spec(
     name="SQuAD fine-tuning", read=read,
     model=lambda bert_config, data: heads.BertForQuestionAnswering(bert_config),
-    terms=terms, predict=predict, score=score, write=write)
+    terms=terms, predict=predict, score=score, write=write,
+    main_metric=lambda config: "f1")  # the paper's Tables 2 and 3 report F1 (and EM)

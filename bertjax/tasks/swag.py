@@ -127,4 +127,5 @@ def write(data: finetuning.Data, name: str, predictions: dict[str, np.ndarray],
 SPEC = finetuning.Spec(
     name="SWAG fine-tuning", read=read,
     model=lambda bert_config, data: heads.BertForMultipleChoice(bert_config),
-    terms=terms, predict=predict, score=score, write=write, padding_invariant=True)
+    terms=terms, predict=predict, score=score, write=write, padding_invariant=True,
+    main_metric=lambda config: "accuracy")  # the paper's Table 4
