@@ -529,8 +529,24 @@ class Checkpoints:
   def __enter__(self) -> "Checkpoints":
     return self
 
-  def __exit__(self, *exc) -> None:
-    self.close()
+  def abandon(self) -> None:
+    """Releases the manager on the way out of an error, raising nothing more: its background
+    writes are waited for (a failed one is what the error being raised reports), so none is
+    left running when the process exits."""
+    if self._closed:
+      return
+    self._closed = True
+    for release in (self._manager.wait_until_finished, self._manager.close):
+      try:
+        release()
+      except Exception:  # pylint: disable=broad-except
+        pass
+
+  def __exit__(self, exc_type, *exc) -> None:
+    if exc_type is None:
+      self.close()
+    else:
+      self.abandon()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,11 +16,14 @@ another number of labels, stays fresh with a message); else from scratch.
 """
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import dataclasses
 import functools
+import importlib
 import itertools
 import json
-import time
+import threading
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import flax.linen as nn
@@ -33,8 +36,8 @@ import tqdm
 from clu import metrics as clu_metrics
 from etils import epath
 
-from bertjax import (checkpoint, curves, flops, metric_logs, model_options, optim, parallel,
-                     preemption)
+from bertjax import (checkpoint, compile_ahead, curves, flops, metric_logs, model_options, optim,
+                     parallel, preemption)
 from bertjax.errors import UserError
 from bertjax.models import heads
 
@@ -56,10 +59,14 @@ class Batches:
     eval: () -> the held-out batches, once through, the last padded (example_weight 0); None:
       no evaluation.
     predict: {set name: () -> batches}, predicted once after the last step (e.g. a test split).
+    samples: () -> (training, evaluation) batches, one of each shape the run's steps will meet
+      (e.g. each length bucket of a fine-tuning run), compiled side by side before the first
+      step (`bertjax.compile_ahead`); None: the first training batch's shape only.
   """
   train: Callable[[dict | None], Iterator[tuple[Batch, dict]]]
   eval: Callable[[], Iterable[Batch]] | None = None
   predict: Mapping[str, Callable[[], Iterable[Batch]]] = dataclasses.field(default_factory=dict)
+  samples: Callable[[], tuple[list[Batch], list[Batch]]] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -321,6 +328,26 @@ def evaluate(setup: Setup, task: Task, params: Params, max_batches: int = -1
   return metrics, predictions
 
 
+def compiled_ahead(setup: Setup, task: Task, first_batch: Batch, *, init: bool,
+                   executor: concurrent.futures.Executor) -> Setup:
+  """`setup` whose init (when `init`), train step and eval step are compiled in `executor`,
+  side by side, for `first_batch`'s shape and those of `task.batches.samples`
+  (`bertjax.compile_ahead`); first what the run needs first."""
+  if init:
+    compiled_init = executor.submit(lambda: setup.init_state.lower().compile())
+    setup = dataclasses.replace(setup, init_state=lambda: compiled_init.result()())
+  train_step = compile_ahead.PerShape(setup.train_step, setup.abstract_state, setup.mesh,
+                                      executor)
+  train_step.prepare([first_batch])
+  eval_step = compile_ahead.PerShape(setup.eval_step, setup.abstract_state["params"],
+                                     setup.mesh, executor)
+  if task.batches.samples is not None:
+    train_samples, eval_samples = task.batches.samples()
+    train_step.prepare(train_samples)
+    eval_step.prepare(eval_samples if task.batches.eval is not None else [])
+  return dataclasses.replace(setup, train_step=train_step, eval_step=eval_step)
+
+
 def restore_or_init(config: ml_collections.ConfigDict, setup: Setup,
                     checkpoints: checkpoint.Checkpoints,
                     vocab_size: int | None = None) -> tuple[TrainState, dict | None]:
@@ -449,13 +476,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, task: Ta
   """
   workdir = epath.Path(workdir)
   tr = config.train
-  # Entered first: a signal while the run starts (restoring, compiling) stops it after its
-  # first step instead of killing one host.
-  with preemption.StopSignal() as stop_signal:
-    setup = build(config, task, next(task.batches.train(None))[0], devices)
-    checkpoints = checkpoint.Checkpoints(
+  # tensorboardX takes a second to import: MetricLog's import then finds it done.
+  threading.Thread(target=importlib.import_module, args=("tensorboardX",), daemon=True).start()
+  with contextlib.ExitStack() as stack:
+    # Entered first: a signal while the run starts (restoring, compiling) stops it after its
+    # first step instead of killing one host.
+    stop_signal = stack.enter_context(preemption.StopSignal())
+    executor = stack.enter_context(compile_ahead.pool())
+    first_batch = next(task.batches.train(None))[0]
+    setup = build(config, task, first_batch, devices)
+    # On an error, its background writes are waited for before the error leaves (abandon).
+    checkpoints = stack.enter_context(checkpoint.Checkpoints(
         workdir / "checkpoints", save_every_steps=tr.checkpoint_every_steps,
-        keep=tr.keep_checkpoints)
+        keep=tr.keep_checkpoints))
+    setup = compiled_ahead(setup, task, first_batch, executor=executor,
+                           init=checkpoints.latest_step() is None)
     state, position = restore_or_init(config, setup, checkpoints,
                                       getattr(task.model.config, "vocab_size", None))
     start_step = int(state["step"])

@@ -49,12 +49,14 @@ import ml_collections
 import numpy as np
 from etils import epath
 
-from bertjax import model_files, model_options, parallel, tokenization, train
+from bertjax import compile_ahead, model_files, model_options, parallel, tokenization, train
 from bertjax.data.pipeline import FeatureBatches
 from bertjax.errors import UserError
 from bertjax.models.bert import BertConfig
 
 Features = Mapping[str, np.ndarray]  # {key: [N, ...]}, every key with the same N
+# Batches whose widths are compiled ahead (`Batches.samples`); rarer widths compile when met.
+SAMPLED_TRAIN_BATCHES, SAMPLED_EVAL_BATCHES = 200, 1000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -325,12 +327,20 @@ def make_task(spec: Spec, config: ml_collections.ConfigDict, workdir: str) -> tr
   def write(name, predictions, directory):
     spec.write(data, name, in_example_order(predictions), directory)
 
+  def samples():  # a batch of each width the first training steps and the evaluation meet
+    if not buckets:  # every batch at max_seq_length (or k of it)
+      return [], []
+    training = (batch for batch, _ in train_batches.iterate(None))
+    steps = min(SAMPLED_TRAIN_BATCHES, steps_per_epoch, config.train.num_train_steps)
+    return (compile_ahead.distinct_shapes(training, steps),
+            compile_ahead.distinct_shapes(eval_batches.eval_batches(), SAMPLED_EVAL_BATCHES))
+
   print(f"{data.summary} ({steps_per_epoch} steps per epoch, {config.train.num_train_steps} "
         "steps)")
   return train.Task(
       model=spec.model(pretrained.bert_config, data), terms=spec.terms,
       batches=train.Batches(train=train_batches.iterate, eval=eval_batches.eval_batches,
-                            predict=predict_sets),
+                            predict=predict_sets, samples=samples),
       predict=predict if buckets or k else spec.predict, score=score, write=write,
       files={**pretrained.files, **data.files}, main_metric=spec.main_metric(config))
 
