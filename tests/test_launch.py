@@ -653,7 +653,8 @@ def test_notebook_commands_name_real_configs_and_fields():
   commands = bertjax_commands(text, ["python -m bertjax.main"])
   assert {check_command(args) for args in commands} == {
       "configs/tiny.py", "configs/features.py", "configs/glue.py"}
-  assert "--config.train.num_train_steps=300" in commands[0]
+  assert "--config.train.num_train_steps={STEPS}" in commands[0]  # BERTJAX_NOTEBOOK_STEPS
+  assert 'STEPS = int(os.environ.get("BERTJAX_NOTEBOOK_STEPS", "300"))' in text
   assert "REPO_URL = " in text and '!pip install -q -e . "{JAX}"' in text
   assert "snapshot_download" in text and "python -m bertjax.convert --from=hf" in text
 
