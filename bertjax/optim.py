@@ -16,10 +16,18 @@ Two deliberate differences from the original TF code, both the common modern rea
 LAMB (You et al. 2020, `optax.lamb`) is the large-batch alternative NVIDIA's and the MLPerf BERT
 entries pretrain with: Adam's update rescaled per parameter by ||w|| / ||update||, with the same
 weight-decay mask, schedule and clipping here. Its settings are in the README.
+
+Frozen parameters (`frozen`, from train.frozen_params; the feature-based approach freezes 'bert'):
+their gradients are set to zero first (`optax.masked(optax.set_to_zero(), ...)`), so the clipping
+norm is the trained parameters' alone, Adam's moments for them stay 0 and so does its update
+(0 / (sqrt(0) + eps); LAMB's trust ratio of a zero update is 1), and weight decay skips them (the
+decay mask): they stay bitwise as loaded. Their moments are kept (zeros), so the optimizer state
+has the parameters' structure, which `parallel.optimizer_state_shardings` maps over
+(optax.multi_transform's state would hold partial trees that optax.tree_map_params cannot map).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import jax
 import optax
@@ -98,10 +106,35 @@ def weight_decay_mask(params: Any) -> Any:
   return jax.tree_util.tree_map_with_path(lambda path, _: decays(path), params)
 
 
+def parse_frozen(value: str) -> tuple[str, ...]:
+  """train.frozen_params ("bert", "bert,bilstm", "") -> the group names, in order."""
+  return tuple(name.strip() for name in str(value).split(",") if name.strip())
+
+
+def frozen_mask(frozen: Sequence[str]):
+  """params -> the same tree with True on every leaf of the top-level groups in `frozen`.
+
+  The mask is also called on optax's stand-in for the parameters (not a dict, when
+  `optax.tree_map_params` maps the state); a leaf without a name is not frozen.
+
+  Raises:
+    UserError: a frozen name the parameters do not have (a misspelling would freeze nothing).
+  """
+  def mask(params):
+    if isinstance(params, Mapping):
+      unknown = [name for name in frozen if name not in params]
+      if unknown:
+        raise UserError(f"train.frozen_params names {', '.join(unknown)}, which the model does "
+                        f"not have; its parameter groups are {', '.join(sorted(params))}.")
+    return jax.tree_util.tree_map_with_path(
+        lambda path, _: _dict_keys(path)[:1] in [[name] for name in frozen], params)
+  return mask
+
+
 def make_optimizer(*, learning_rate: float = 1e-4, num_train_steps: int, warmup_steps: int,
                    b1: float = 0.9, b2: float = 0.999, eps: float = 1e-6,
                    weight_decay: float = 0.01, clip_norm: float | None = 1.0,
-                   optimizer: str = "adamw"
+                   optimizer: str = "adamw", frozen: Sequence[str] = ()
                    ) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """BERT's optimizer: clip by global norm, then AdamW (or LAMB) with the warmup + linear-decay
   schedule.
@@ -117,6 +150,8 @@ def make_optimizer(*, learning_rate: float = 1e-4, num_train_steps: int, warmup_
     weight_decay: decoupled weight decay (times the learning rate), on `weight_decay_mask`.
     clip_norm: clip gradients to this global norm; None or 0 turns clipping off.
     optimizer: "adamw" or "lamb" (the same arguments; LAMB adds the layer-wise trust ratio).
+    frozen: top-level parameter groups (e.g. "bert") that never change (module docstring).
+      A name the parameters lack raises UserError at tx.init.
   Returns:
     (tx, schedule): `schedule(n)` is the learning rate of the n-th update (0-based), the n-th
     training step.
@@ -125,7 +160,15 @@ def make_optimizer(*, learning_rate: float = 1e-4, num_train_steps: int, warmup_
     raise UserError(f"train.optimizer={optimizer!r}; use one of {', '.join(OPTIMIZERS)}.")
   schedule = learning_rate_schedule(learning_rate, warmup_steps, num_train_steps)
   make = optax.adamw if optimizer == "adamw" else optax.lamb
-  update = make(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
-                mask=weight_decay_mask)
+  decay_mask = weight_decay_mask
+  if frozen:
+    is_frozen = frozen_mask(tuple(frozen))
+
+    def decay_mask(params):  # pylint: disable=function-redefined
+      return jax.tree.map(lambda d, f: d and not f, weight_decay_mask(params), is_frozen(params))
+
+  update = make(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=decay_mask)
   tx = optax.chain(optax.clip_by_global_norm(clip_norm), update) if clip_norm else update
+  if frozen:
+    tx = optax.chain(optax.masked(optax.set_to_zero(), is_frozen), tx)
   return tx, schedule

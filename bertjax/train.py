@@ -124,12 +124,14 @@ def _averages(terms: Terms) -> dict[str, clu_metrics.Average]:
 
 
 def make_optimizer(train_config: ml_collections.ConfigDict):
-  """optax AdamW (or LAMB) with BERT's schedule from the `train` section of the config."""
+  """optax AdamW (or LAMB) with BERT's schedule from the `train` section of the config;
+  train.frozen_params (where the config has it) names parameter groups left unchanged."""
   return optim.make_optimizer(
       learning_rate=train_config.learning_rate, num_train_steps=train_config.num_train_steps,
       warmup_steps=train_config.warmup_steps, b1=train_config.b1, b2=train_config.b2,
       eps=train_config.eps, weight_decay=train_config.weight_decay,
-      clip_norm=train_config.clip_norm, optimizer=train_config.get("optimizer", "adamw"))
+      clip_norm=train_config.clip_norm, optimizer=train_config.get("optimizer", "adamw"),
+      frozen=optim.parse_frozen(train_config.get("frozen_params", "")))
 
 
 def make_train_step(task: Task, tx: optax.GradientTransformation, schedule: optax.Schedule,

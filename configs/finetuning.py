@@ -22,6 +22,9 @@ def get_config(arg=None):
   config.model.remat = "none"  # recompute activations in the backward pass: none, full, dots
   config.model.dropout_rate = 0.1  # embeddings, residual branches and the task's head
   config.model.attention_dropout_rate = 0.1  # attention probabilities
+  config.model.bilstm_on_top = False  # the paper's "+ BiLSTM" (Table 5): a fresh one-layer
+  # BiLSTM (hidden_size / 2 units a direction) between the encoder and any task's head; pooled
+  # heads read its two final states instead of the pooler; no data.packing with it
 
   config.data = ml_collections.ConfigDict()  # each task's config adds its files and fields
   config.data.max_seq_length = 128  # tokens per sequence with [CLS]/[SEP]; longer input is cut
@@ -41,6 +44,8 @@ def get_config(arg=None):
   config.train.learning_rate = 2e-5  # peak, then linear decay to 0
   config.train.optimizer = "adamw"  # adamw (the paper) or lamb
   config.train.weight_decay = 0.01  # AdamW decay, off LayerNorm and biases
+  config.train.frozen_params = ""  # top-level parameter groups never changed (no update, no
+  # weight decay), comma-separated: "bert" = the encoder (configs/ner.py:feature_based)
   config.train.b1 = 0.9  # AdamW: decay of the first moment (the gradients' moving average)
   config.train.b2 = 0.999  # AdamW: decay of the second moment (the squared gradients')
   config.train.eps = 1e-6  # AdamW: added to the second moment's root (BERT's; optax's is 1e-8)

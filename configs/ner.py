@@ -14,12 +14,29 @@ precision/recall/F1 by seqeval, token accuracy), eval_predictions.txt and, for
 data.predict_file, test_predictions.txt (CoNLL "word gold predicted" lines) and
 test_results.json. The paper reports F1 96.4 (dev) and 92.4 (test) for BERT-base, with the
 maximal document context around each sentence, which this sentence-level reader does not add.
+
+The feature-based approach (the paper, section 5.3, Table 7): the encoder frozen, its
+activations read by a two-layer BiLSTM tagger trained from scratch:
+
+  python -m bertjax.main --config=configs/ner.py:feature_based --workdir=DIR \
+      --config.init_checkpoint=CKPT --config.data.data_dir=CONLL_DIR \
+      [--config.model.feature_layers=concat_last_four]
+
+model.feature_layers picks Table 7's row (bertjax.models.feature_based.LAYER_COMBINATIONS); the
+paper reports dev F1 96.1 for concat_last_four of BERT-base, 0.3 below fine-tuning. It does not
+give the tagger's training settings: learning rate 1e-3 (Adam's usual for an LSTM trained from
+scratch) is this config's choice, the rest are the fine-tuning defaults.
 """
 from bertjax.configs import finetuning
+from bertjax.errors import UserError
 
 
 def get_config(arg=None):
-  config = finetuning.get_config(arg)
+  """arg: "" (fine-tuning, the default) or "feature_based" (a BiLSTM on the frozen encoder)."""
+  if arg not in (None, "", "feature_based"):
+    raise UserError(f"configs/ner.py takes feature_based (configs/ner.py:feature_based), not "
+                    f"{arg!r}.")
+  config = finetuning.get_config()
   config.task = "ner"  # bertjax.tasks.REGISTRY
   config.data.data_dir = ""  # directory of the files below (absolute file paths need none)
   config.data.train_file = "train.txt"  # CoNLL-format training file; its tags are the classes
@@ -31,4 +48,14 @@ def get_config(arg=None):
   # data.max_seq_length: [CLS] words [SEP]; longer sentences become more rows (train.batch_size
   # counts rows).
   config.train.learning_rate = 5e-5  # the common BERT CoNLL-2003 setting
+  config.model.feature_layers = ""  # "" = fine-tune the whole model; else the feature-based
+  # approach on these frozen activations: embeddings, second_to_last, last,
+  # weighted_sum_last_four, concat_last_four or weighted_sum_all (Table 7; weighted sums learn
+  # ELMo's softmax-normalised layer weights); needs train.frozen_params="bert"
+  config.model.feature_bilstm_units = 768  # feature-based: units of each direction of the
+  # two-layer BiLSTM tagger (the paper's 768 for BERT-base)
+  if arg == "feature_based":
+    config.model.feature_layers = "concat_last_four"  # the paper's best (dev F1 96.1)
+    config.train.frozen_params = "bert"  # the encoder never changes: no update, no decay
+    config.train.learning_rate = 1e-3  # the BiLSTM and the tagger train from scratch
   return config

@@ -33,7 +33,8 @@ DELTAS = {
         "data.predict_splits": ""}),
     "ner": (finetuning.get_config, {
         "task": "ner", "data.data_dir": "", "data.train_file": "train.txt", "data.eval_file": "",
-        "data.predict_file": "", "data.label_column": -1, "train.learning_rate": 5e-5}),
+        "data.predict_file": "", "data.label_column": -1, "train.learning_rate": 5e-5,
+        "model.feature_layers": "", "model.feature_bilstm_units": 768}),
     "swag": (finetuning.get_config, {
         "task": "swag", "data.train_file": "", "data.eval_file": "", "data.predict_file": "",
         "train.batch_size": 16}),

@@ -54,7 +54,7 @@ from flax import traverse_util
 
 from bertjax import checkpoint, model_files
 from bertjax.errors import UserError
-from bertjax.models import heads
+from bertjax.models import bilstm, heads
 from bertjax.models.bert import BertConfig
 
 _MAX_LISTED = 8  # problems named in one error message
@@ -379,6 +379,19 @@ def refuse_causal(config: BertConfig) -> None:
         "(--config.init_checkpoint=DIR), which keeps the causal mask.")
 
 
+def refuse_bilstm(groups) -> None:
+  """UserError for parameters with a BiLSTM between the encoder and the head (a top-level
+  'bilstm' group: model.bilstm_on_top, or the feature-based tagger of configs/ner.py:
+  feature_based): no Hugging Face BERT class has one, and its head alone on the encoder would
+  compute another function."""
+  if bilstm.NAME in groups:
+    raise UserError(
+        "this model has a BiLSTM between the encoder and its head (fine-tuned with "
+        "--config.model.bilstm_on_top=true, or feature-based NER), which no Hugging Face BERT "
+        "class has; without it the head would compute another function, so it cannot be "
+        "converted. Convert the pretrained model it started from (its init_checkpoint) instead.")
+
+
 def to_hf(params: dict[str, Any], config: BertConfig) -> dict[str, np.ndarray]:
   """bertjax parameters -> Hugging Face tensors of BertForPreTraining and the task head, if any.
 
@@ -396,6 +409,7 @@ def to_hf(params: dict[str, Any], config: BertConfig) -> dict[str, np.ndarray]:
       missing encoder parameter.
   """
   refuse_causal(config)
+  refuse_bilstm(params)
   task, num_labels = params_task(params)
   expected = expected_shapes(config, task, num_labels)
   patterns = _bj_patterns(task)
@@ -463,6 +477,7 @@ def load_bertjax_checkpoint(directory: str) -> tuple[dict[str, Any], BertConfig]
   """
   config = model_files.load_bert_config(directory)
   saved = checkpoint.saved_param_shapes(directory)
+  refuse_bilstm({path.split("/")[0] for path in saved})
   task, num_labels = None, 2
   for name, head in TASK_HEADS.items():
     kernel = saved.get(f"{head.name}/classifier/kernel")

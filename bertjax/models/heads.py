@@ -36,6 +36,13 @@ Fine-tuning models (N = num_labels); each head is dropout (`dropout_rate`) then 
 These are the architectures of Hugging Face's classes of the same names, so converted weights
 give the same logits (`bertjax.convert.hf`).
 
+With `bilstm_on_top=True` (`config.model.bilstm_on_top`; the paper's "+ BiLSTM", Table 5) a
+fresh one-layer BiLSTM, `bilstm/` (`bertjax.models.bilstm`, hidden_size // 2 units a
+direction), runs over the encoder's last layer and the head reads it: per-token heads its
+outputs, pooled heads its two final states in place of the pooler (which is then absent), so
+`bert/` stays as pretraining saved it. Such a model has no Hugging Face class, and it takes no
+packed batches.
+
 Every `BertFor*` model names the batch keys its `__call__` takes in `batch_keys`, so the trainer
 calls any of them on a batch dict the same way (`apply_to_batch`). `BertForPreTraining` and
 `BertForSequenceClassification` also take packed batches (several sequences a row; see
@@ -48,7 +55,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bertjax.models import bert
+from bertjax.models import bert, bilstm
 from bertjax.models.bert import BertConfig
 
 # The inputs of every BertFor* model, in the order of its __call__'s arguments.
@@ -260,12 +267,39 @@ class MultipleChoice(nn.Module):
                            dtype=jnp.float32)(h)[..., 0]
 
 
+def encode(model: nn.Module, input_ids: jax.Array, segment_ids: jax.Array,
+           input_mask: jax.Array, *, use_pooler: bool = True, deterministic: bool,
+           **packing: jax.Array | None) -> bert.BertOutput:
+  """A fine-tuning model's encoder ('bert') on its inputs, then, with `model.bilstm_on_top`,
+  the BiLSTM ('bilstm', `bilstm.on_top`: its outputs and final states in place of the last
+  layer and the pooler). Called in the model's compact __call__, which owns both.
+
+  Args:
+    model: a BertFor* fine-tuning model (its config and bilstm_on_top).
+    input_ids, segment_ids, input_mask: [batch, seq] int32.
+    use_pooler: the head reads pooled_output.
+    deterministic: no dropout when True.
+    packing: position_ids, sequence_ids, cls_positions of a packed batch (None: unpacked).
+  Raises:
+    ValueError: a packed batch with bilstm_on_top (one LSTM would run across its sequences).
+  """
+  packed = {k: v for k, v in packing.items() if v is not None}
+  if model.bilstm_on_top and packed:
+    raise ValueError("bilstm_on_top runs one LSTM over each row, across packed sequences; "
+                     "give it unpacked batches.")
+  out = bert.BertEncoder(model.config, use_pooler=use_pooler and not model.bilstm_on_top,
+                         name="bert")(input_ids, segment_ids, input_mask, **packed,
+                                      deterministic=deterministic)
+  return bilstm.on_top(model.config, out, input_mask) if model.bilstm_on_top else out
+
+
 class BertForSequenceClassification(nn.Module):
   """BertEncoder ('bert') + SequenceClassification ('sequence_classification'): GLUE."""
   batch_keys = INPUT_KEYS
   packing_keys = PACKING_KEYS
   config: BertConfig
   num_labels: int
+  bilstm_on_top: bool = False  # the paper's "+ BiLSTM" (module docstring)
 
   @nn.compact
   def __call__(self, input_ids: jax.Array, segment_ids: jax.Array, input_mask: jax.Array, *,
@@ -273,9 +307,9 @@ class BertForSequenceClassification(nn.Module):
                cls_positions: jax.Array | None = None, deterministic: bool) -> jax.Array:
     """[batch, seq] int32 inputs (as BertForPreTraining, packed or not) -> float32 logits
     [batch, num_labels], or [batch, k, num_labels] with cls_positions (one row per sequence)."""
-    out = bert.BertEncoder(self.config, name="bert")(
-        input_ids, segment_ids, input_mask, position_ids=position_ids,
-        sequence_ids=sequence_ids, cls_positions=cls_positions, deterministic=deterministic)
+    out = encode(self, input_ids, segment_ids, input_mask, position_ids=position_ids,
+                 sequence_ids=sequence_ids, cls_positions=cls_positions,
+                 deterministic=deterministic)
     return SequenceClassification(self.config, self.num_labels, name="sequence_classification")(
         out.pooled_output, deterministic=deterministic)
 
@@ -285,13 +319,14 @@ class BertForTokenClassification(nn.Module):
   batch_keys = INPUT_KEYS
   config: BertConfig
   num_labels: int
+  bilstm_on_top: bool = False  # the paper's "+ BiLSTM" (module docstring)
 
   @nn.compact
   def __call__(self, input_ids: jax.Array, segment_ids: jax.Array, input_mask: jax.Array, *,
                deterministic: bool) -> jax.Array:
     """[batch, seq] int32 inputs -> float32 logits [batch, seq, num_labels]."""
-    out = bert.BertEncoder(self.config, use_pooler=False, name="bert")(
-        input_ids, segment_ids, input_mask, deterministic=deterministic)
+    out = encode(self, input_ids, segment_ids, input_mask, use_pooler=False,
+                 deterministic=deterministic)
     return TokenTagging(self.config, self.num_labels, name="token_tagging")(
         out.sequence_output, deterministic=deterministic)
 
@@ -300,13 +335,14 @@ class BertForQuestionAnswering(nn.Module):
   """BertEncoder without pooler ('bert') + Span ('span'): SQuAD."""
   batch_keys = INPUT_KEYS
   config: BertConfig
+  bilstm_on_top: bool = False  # the paper's "+ BiLSTM" (module docstring)
 
   @nn.compact
   def __call__(self, input_ids: jax.Array, segment_ids: jax.Array, input_mask: jax.Array, *,
                deterministic: bool) -> tuple[jax.Array, jax.Array]:
     """[batch, seq] int32 inputs -> (start_logits, end_logits), each float32 [batch, seq]."""
-    out = bert.BertEncoder(self.config, use_pooler=False, name="bert")(
-        input_ids, segment_ids, input_mask, deterministic=deterministic)
+    out = encode(self, input_ids, segment_ids, input_mask, use_pooler=False,
+                 deterministic=deterministic)
     return Span(self.config, name="span")(out.sequence_output)
 
 
@@ -318,6 +354,7 @@ class BertForMultipleChoice(nn.Module):
   """
   batch_keys = INPUT_KEYS
   config: BertConfig
+  bilstm_on_top: bool = False  # the paper's "+ BiLSTM" (module docstring)
 
   @nn.compact
   def __call__(self, input_ids: jax.Array, segment_ids: jax.Array, input_mask: jax.Array, *,
@@ -325,8 +362,8 @@ class BertForMultipleChoice(nn.Module):
     """[batch, num_choices, seq] int32 inputs -> float32 logits [batch, num_choices]."""
     batch, num_choices, seq = input_ids.shape
     flat = lambda x: x.reshape(batch * num_choices, seq)  # one row per choice
-    out = bert.BertEncoder(self.config, name="bert")(
-        flat(input_ids), flat(segment_ids), flat(input_mask), deterministic=deterministic)
+    out = encode(self, flat(input_ids), flat(segment_ids), flat(input_mask),
+                 deterministic=deterministic)
     pooled = out.pooled_output.reshape(batch, num_choices, -1)
     return MultipleChoice(self.config, name="multiple_choice")(
         pooled, deterministic=deterministic)

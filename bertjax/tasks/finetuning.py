@@ -18,6 +18,8 @@ batch cut to a length bucket where the spec allows it, below), measures the run 
 (train.num_train_epochs; num_train_steps and warmup_steps are derived only when left at -1),
 reports the eval loss next to the spec's scores, and hands the trainer one `train.Task`. The
 fine-tuned workdir gets bert_config.json and the tokenizer, so it is a model directory in turn.
+With `model.bilstm_on_top` the spec's model gets the paper's BiLSTM between encoder and head
+(`model_of`; every heads.BertFor* fine-tuning model takes it; not with packing).
 
 Length buckets (`data.length_buckets`): sentences are mostly far shorter than max_seq_length, so
 padding every batch to it wastes most of the work. With buckets, each training and evaluation
@@ -225,6 +227,10 @@ def packing(config: ml_collections.ConfigDict, spec: Spec) -> int:
     return 0
   if k < 0:
     raise UserError(f"data.packing={k}; give the examples a row (e.g. 4), or 0 for none.")
+  if config.model.get("bilstm_on_top", False):
+    raise UserError(f"data.packing={k} with model.bilstm_on_top: the BiLSTM would run across "
+                    "the sequences packed in a row; set --config.data.packing=0 "
+                    "(data.length_buckets cuts the padding instead).")
   if not spec.packable:
     raise UserError(f"data.packing={k}: {spec.name} cannot pack (its model gives one output "
                     "per row, or per token); set --config.data.packing=0. data.length_buckets "
@@ -295,6 +301,23 @@ def set_schedule(config: ml_collections.ConfigDict, steps_per_epoch: int) -> Non
       tr.checkpoint_every_steps = steps_per_epoch
 
 
+def model_of(spec: Spec, config: ml_collections.ConfigDict, bert_config: BertConfig,
+             data: Data) -> nn.Module:
+  """The spec's model, with the paper's BiLSTM on top (`heads`, bilstm_on_top) when
+  config.model.bilstm_on_top says so.
+
+  Raises:
+    UserError: bilstm_on_top for a model that does not take it.
+  """
+  model = spec.model(bert_config, data)
+  if not config.model.get("bilstm_on_top", False):
+    return model
+  if not hasattr(model, "bilstm_on_top"):
+    raise UserError(f"model.bilstm_on_top: the model of {spec.name} ({type(model).__name__}) "
+                    "takes no BiLSTM on top; set --config.model.bilstm_on_top=false.")
+  return model.clone(bilstm_on_top=True)
+
+
 def make_task(spec: Spec, config: ml_collections.ConfigDict, workdir: str) -> train.Task:
   """Reads the data through `spec` and builds the trainer's Task; sets the run's schedule in
   `config` (see set_schedule)."""
@@ -338,7 +361,7 @@ def make_task(spec: Spec, config: ml_collections.ConfigDict, workdir: str) -> tr
   print(f"{data.summary} ({steps_per_epoch} steps per epoch, {config.train.num_train_steps} "
         "steps)")
   return train.Task(
-      model=spec.model(pretrained.bert_config, data), terms=spec.terms,
+      model=model_of(spec, config, pretrained.bert_config, data), terms=spec.terms,
       batches=train.Batches(train=train_batches.iterate, eval=eval_batches.eval_batches,
                             predict=predict_sets, samples=samples),
       predict=predict if buckets or k else spec.predict, score=score, write=write,

@@ -18,9 +18,17 @@ accuracy over words); WORKDIR/eval_results.json holds the last one. After the la
 predictions go to WORKDIR/eval_predictions.txt, and those of `data.predict_file` (if set) to
 WORKDIR/test_predictions.txt, in CoNLL format ("word gold predicted" a line); when that file has
 tags its scores go to WORKDIR/test_results.json.
+
+The feature-based approach (the paper, section 5.3, Table 7; configs/ner.py:feature_based): with
+`model.feature_layers` set, the model is `feature_based.BertForFeatureBasedTagging` instead: the
+encoder frozen (no dropout, no gradient; train.frozen_params="bert" keeps the optimizer off it),
+the chosen combination of its layers read by a two-layer BiLSTM of
+`model.feature_bilstm_units` a direction, then dropout -> Dense(num_labels) on each word's first
+sub-token as above. Data, loss, scores and files are those of fine-tuning.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -30,10 +38,11 @@ import numpy as np
 import optax
 from etils import epath
 
-from bertjax import metrics, tokenization
+from bertjax import metrics, optim, tokenization
 from bertjax.data import ner as ner_data
 from bertjax.errors import UserError
-from bertjax.models import heads
+from bertjax.models import feature_based, heads
+from bertjax.models.bert import BertConfig
 from bertjax.tasks import finetuning
 
 LABELS_FILE = "labels.json"
@@ -41,6 +50,71 @@ EVAL_PREDICTIONS_FILE = "eval_predictions.txt"
 TEST_PREDICTIONS_FILE = "test_predictions.txt"
 TEST_RESULTS_FILE = "test_results.json"
 _EVAL_FILES = ("valid.txt", "dev.txt")  # data.eval_file "": the first that exists
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+  """What the model, `score` and `write` take from a read (finetuning.Data.context).
+
+  Attributes:
+    sets: {set name: (sentences, their windows, the source file)} of the eval and predict sets.
+    labels: the tag of each class id.
+    feature_layers: model.feature_layers: "" fine-tunes; else the feature-based layer
+      combination.
+    feature_bilstm_units: model.feature_bilstm_units (feature-based only).
+  """
+  sets: dict[str, tuple[list[ner_data.Sentence], list[ner_data.Window], str]]
+  labels: list[str]
+  feature_layers: str = ""
+  feature_bilstm_units: int = 768
+
+
+def check_feature_based(config: ml_collections.ConfigDict) -> tuple[str, int]:
+  """(model.feature_layers, model.feature_bilstm_units), checked; ("", 0) for fine-tuning.
+
+  Raises:
+    UserError: an unknown layer combination, units below 1, an encoder the optimizer would
+      still change (train.frozen_params without "bert"), or bilstm_on_top as well.
+  """
+  layers = config.model.get("feature_layers", "")
+  if not layers:
+    return "", 0
+  units = config.model.get("feature_bilstm_units", 768)
+  if layers not in feature_based.LAYER_COMBINATIONS:
+    raise UserError(f"model.feature_layers={layers!r}; use one of "
+                    f"{', '.join(feature_based.LAYER_COMBINATIONS)} (the paper's Table 7), or "
+                    "\"\" to fine-tune the whole model.")
+  if not isinstance(units, int) or units < 1:
+    raise UserError(f"model.feature_bilstm_units={units!r}; give the BiLSTM's units a "
+                    "direction, a positive integer (the paper: 768).")
+  if "bert" not in optim.parse_frozen(config.train.get("frozen_params", "")):
+    raise UserError(f"model.feature_layers={layers} trains on frozen encoder activations, but "
+                    f"train.frozen_params={config.train.get('frozen_params', '')!r} lets the "
+                    "optimizer change the encoder (weight decay); set "
+                    "--config.train.frozen_params=bert (configs/ner.py:feature_based does).")
+  if config.model.get("bilstm_on_top", False):
+    raise UserError("model.bilstm_on_top with model.feature_layers: the feature-based tagger "
+                    "has its own two-layer BiLSTM; set --config.model.bilstm_on_top=false.")
+  return layers, units
+
+
+def model(bert_config: BertConfig, data: finetuning.Data):
+  """The tagger: BertForTokenClassification (fine-tuning), or the feature-based one when the
+  read's Context has feature_layers.
+
+  Raises:
+    UserError: a combination that needs more layers than the pretrained model has.
+  """
+  context = data.context
+  if not context.feature_layers:
+    return heads.BertForTokenClassification(bert_config, data.num_labels)
+  try:
+    feature_based.layer_indices(context.feature_layers, bert_config.num_layers)
+  except ValueError as e:
+    raise UserError(f"model.feature_layers: {e} Choose another combination.") from None
+  return feature_based.BertForFeatureBasedTagging(
+      bert_config, data.num_labels, feature_layers=context.feature_layers,
+      bilstm_units=context.feature_bilstm_units)
 
 
 def score_sentences(sentences: list[ner_data.Sentence],
@@ -90,6 +164,7 @@ def labels_for(workdir: str, train_sentences: list[ner_data.Sentence], source: s
 def read(config: ml_collections.ConfigDict, tokenizer: tokenization.Tokenizer,
          workdir: str) -> finetuning.Data:
   """Reads the CoNLL files and encodes them into first-sub-token-labelled windows."""
+  feature_layers, feature_units = check_feature_based(config)
   data = config.data
   train_file, dev_file = data_path(config, data.train_file), eval_path(config)
   train_sentences = ner_data.read_conll(train_file, data.label_column)
@@ -107,15 +182,17 @@ def read(config: ml_collections.ConfigDict, tokenizer: tokenization.Tokenizer,
 
   train_features, _ = encode(train_sentences, train_file)
   encoded = {name: encode(*sentences_and_source) for name, sentences_and_source in sets.items()}
-  # context: {set name: (sentences, windows, source)} and the labels, for scoring and writing
-  context = ({name: (sets[name][0], encoded[name][1], sets[name][1]) for name in sets}, labels)
+  context = Context({name: (sets[name][0], encoded[name][1], sets[name][1]) for name in sets},
+                    labels, feature_layers, feature_units)
   return finetuning.Data(
       train=train_features, eval=encoded["eval"][0],
       predict={name: features for name, (features, _) in encoded.items() if name != "eval"},
       num_labels=len(labels), files={LABELS_FILE: json.dumps(labels) + "\n"}, context=context,
       summary=f"ner: {len(train_sentences)} training sentences "
               f"({len(train_features['input_ids'])} rows), {len(eval_sentences)} dev sentences, "
-              f"{len(labels)} labels: {' '.join(labels)}")
+              f"{len(labels)} labels: {' '.join(labels)}" + (
+                  f"; feature-based: {feature_layers} of the frozen encoder -> BiLSTM "
+                  f"2 x {feature_units} a direction" if feature_layers else ""))
 
 
 def terms(logits, batch):
@@ -135,7 +212,7 @@ def predict(logits, batch):
 
 def _word_tags(data: finetuning.Data, name: str, predictions: dict[str, np.ndarray]):
   """(sentences, one predicted tag per word of each) of set `name`."""
-  (sentences, windows, _), labels = data.context[0][name], data.context[1]
+  (sentences, windows, _), labels = data.context.sets[name], data.context.labels
   return sentences, ner_data.tags_of_words(windows, sentences, predictions["prediction"],
                                            predictions["label_weights"], labels)
 
@@ -156,12 +233,11 @@ def write(data: finetuning.Data, name: str, predictions: dict[str, np.ndarray],
   if sentences[0].tags is not None:
     scores = score_sentences(sentences, predicted)
     (directory / TEST_RESULTS_FILE).write_text(json.dumps(scores, indent=2) + "\n")
-    print(f"{data.context[0][name][2]}: " + ", ".join(f"{k}={v:.4f}" for k, v in scores.items()))
+    print(f"{data.context.sets[name][2]}: " + ", ".join(f"{k}={v:.4f}" for k, v in scores.items()))
 
 
 SPEC = finetuning.Spec(
     name="NER fine-tuning (a cased model suits NER)", read=read,
-    model=lambda bert_config, data: heads.BertForTokenClassification(bert_config,
-                                                                     data.num_labels),
+    model=model,
     terms=terms, predict=predict, score=score, write=write, padding_invariant=True,
     main_metric=lambda config: "f1")  # entity-level F1 (seqeval), as the paper's Table 7
