@@ -78,6 +78,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bertjax.models.dropout import Dropout
+
 ATTENTIONS = ("auto", "reference", "xla", "cudnn", "splash")
 FUSED_ATTENTIONS = ("xla", "cudnn", "splash")  # no dropout on the attention probabilities
 REMATS = ("none", "full", "dots")
@@ -511,7 +513,7 @@ class Embeddings(nn.Module):
     self.position_embeddings = embed(cfg.max_position_embeddings, (None, "embed"))
     self.token_type_embeddings = embed(cfg.type_vocab_size, (None, "embed"))
     self.layer_norm = make_layer_norm(cfg, name=None)
-    self.dropout = nn.Dropout(cfg.dropout_rate)
+    self.dropout = Dropout(cfg.dropout_rate)
 
   def __call__(self, input_ids: jax.Array, segment_ids: jax.Array,
                position_ids: jax.Array | None = None, *, deterministic: bool) -> jax.Array:
@@ -593,7 +595,7 @@ class SelfAttention(nn.Module):
     scores = scores * (1.0 / math.sqrt(cfg.head_dim))
     scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)  # mask broadcasts over heads
     probs = jax.nn.softmax(scores, axis=-1)  # float32
-    probs = nn.Dropout(cfg.attention_dropout_rate)(probs, deterministic=deterministic)
+    probs = Dropout(cfg.attention_dropout_rate)(probs, deterministic=deterministic)
     # [batch, heads, q, k] x [batch, k, heads, head_dim] -> [batch, q, heads, head_dim]
     return jnp.einsum("bhqk,bkhd->bqhd", probs.astype(cfg.compute_dtype), value)
 
@@ -627,10 +629,10 @@ class Layer(nn.Module):
     """
     cfg = self.config
     attn = SelfAttention(cfg, name="attention")(x, mask, deterministic=deterministic)
-    attn = nn.Dropout(cfg.dropout_rate)(attn, deterministic=deterministic)
+    attn = Dropout(cfg.dropout_rate)(attn, deterministic=deterministic)
     h = make_layer_norm(cfg, "attention_layer_norm")(x + attn).astype(cfg.compute_dtype)
     ffn = FeedForward(cfg, name="feed_forward")(h)
-    ffn = nn.Dropout(cfg.dropout_rate)(ffn, deterministic=deterministic)
+    ffn = Dropout(cfg.dropout_rate)(ffn, deterministic=deterministic)
     return make_layer_norm(cfg, "output_layer_norm")(h + ffn).astype(cfg.compute_dtype)
 
 

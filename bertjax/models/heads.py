@@ -57,6 +57,7 @@ import jax.numpy as jnp
 
 from bertjax.models import bert, bilstm
 from bertjax.models.bert import BertConfig
+from bertjax.models.dropout import Dropout
 
 # The inputs of every BertFor* model, in the order of its __call__'s arguments.
 INPUT_KEYS = ("input_ids", "segment_ids", "input_mask")
@@ -225,7 +226,7 @@ class SequenceClassification(nn.Module):
   def __call__(self, pooled_output: jax.Array, *, deterministic: bool) -> jax.Array:
     """[batch, hidden] -> float32 logits [batch, num_labels] ([batch, k, hidden] ->
     [batch, k, num_labels])."""
-    h = nn.Dropout(self.config.dropout_rate)(pooled_output, deterministic=deterministic)
+    h = Dropout(self.config.dropout_rate)(pooled_output, deterministic=deterministic)
     return bert.make_dense(self.config, self.num_labels, ("embed", None), "classifier",
                            dtype=jnp.float32)(h)
 
@@ -238,7 +239,7 @@ class TokenTagging(nn.Module):
   @nn.compact
   def __call__(self, sequence_output: jax.Array, *, deterministic: bool) -> jax.Array:
     """[batch, seq, hidden] -> float32 logits [batch, seq, num_labels]."""
-    h = nn.Dropout(self.config.dropout_rate)(sequence_output, deterministic=deterministic)
+    h = Dropout(self.config.dropout_rate)(sequence_output, deterministic=deterministic)
     return bert.make_dense(self.config, self.num_labels, ("embed", None), "classifier",
                            dtype=jnp.float32)(h)
 
@@ -262,7 +263,7 @@ class MultipleChoice(nn.Module):
   @nn.compact
   def __call__(self, pooled_output: jax.Array, *, deterministic: bool) -> jax.Array:
     """[batch, num_choices, hidden] -> float32 logits [batch, num_choices]."""
-    h = nn.Dropout(self.config.dropout_rate)(pooled_output, deterministic=deterministic)
+    h = Dropout(self.config.dropout_rate)(pooled_output, deterministic=deterministic)
     return bert.make_dense(self.config, 1, ("embed", None), "classifier",
                            dtype=jnp.float32)(h)[..., 0]
 
