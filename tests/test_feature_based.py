@@ -225,7 +225,7 @@ def _config(model_dir, data_dir, arg="feature_based"):
   config.data.max_seq_length = 32
   config.model.feature_bilstm_units = 64
   config.train.update(batch_size=16, eval_batch_size=32, learning_rate=2e-2,
-                      num_train_epochs=6.0, log_every_steps=1000,
+                      num_train_epochs=8.0, log_every_steps=1000,
                       eval_every_steps=10**6)  # evaluate at the end only
   return config
 
