@@ -1,13 +1,28 @@
 """Fixtures shared by several test modules: a random BERT directory, a tiny TFDS text dataset,
-GLUE-format files."""
+GLUE-format files; and one XLA compilation cache for the whole session.
+
+Many tests run the same tiny models, in this process and in the `python -m bertjax.main`
+processes they start (which inherit the environment), so the session shares JAX's persistent
+compilation cache in a temporary directory: each program is compiled once per session. The
+directory is new every session, so nothing compiled by another version of the code is read.
+"""
+import atexit
 import csv
 import hashlib
 import os
+import shutil
+import tempfile
 
 import flax.linen as nn
 import jax
 import numpy as np
 import pytest
+
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  _CACHE_DIR = tempfile.mkdtemp(prefix="bertjax_tests_xla_cache_")
+  atexit.register(shutil.rmtree, _CACHE_DIR, ignore_errors=True)
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE_DIR
+  jax.config.update("jax_compilation_cache_dir", _CACHE_DIR)
 
 from bertjax import model_files, tokenization
 from bertjax.data import sources
