@@ -186,7 +186,8 @@ def run(args: argparse.Namespace) -> dict[str, dict]:
   return results
 
 
-def main(argv: list[str] | None = None) -> int:
+def make_parser() -> argparse.ArgumentParser:
+  """The command line of the module docstring."""
   parser = argparse.ArgumentParser(prog="python -m bertjax.real_text_demo",
                                    description=__doc__.split("\n\n")[0])
   parser.add_argument("--workdir", required=True, help="where every run goes")
@@ -201,6 +202,11 @@ def main(argv: list[str] | None = None) -> int:
                       help="training sentences (default: all 9,568)")
   parser.add_argument("--num_dev", type=int, default=movie_reviews.NUM_DEV,
                       help="dev sentences")
+  return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+  parser = make_parser()
   args = parser.parse_args(argv)
   for name in ("pretrain_steps", "epochs", "learning_rate", "eval_every_steps", "num_dev"):
     if getattr(args, name) <= 0:

@@ -6,6 +6,8 @@ they are recorded instead of run, each leaving the files a finished run leaves.
 """
 import json
 import os
+import re
+import shlex
 
 import numpy as np
 import pytest
@@ -109,3 +111,13 @@ def test_bad_arguments_stop_before_any_run(tmp_path, flag, capsys):
     real_text_demo.main([f"--workdir={tmp_path}", flag])
   assert stop.value.code == 2
   assert "must be positive" in capsys.readouterr().err
+
+
+def test_the_readme_command_parses():
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  with open(os.path.join(root, "README.md"), encoding="utf-8") as f:
+    text = re.sub(r"\\\n\s*", " ", f.read())
+  [command] = [line for line in text.splitlines()
+               if line.startswith("python -m bertjax.real_text_demo")]
+  args = real_text_demo.make_parser().parse_args(shlex.split(command)[3:])
+  assert args.workdir == "demo" and args.pretrain_steps == 2000
