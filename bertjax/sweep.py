@@ -69,41 +69,36 @@ FREE_FIELDS = ("train.stop_after_steps",)
 SWEPT_FIELDS = ("train.learning_rate", "seed")
 
 
-def parse_learning_rates(values: Sequence[str]) -> list[float]:
-  """--learning_rates' values as floats (UserError unless each is a positive number, once)."""
-  rates = []
+def _parse_distinct(values: Sequence[str], flag: str, convert, valid, what: str,
+                    example: str) -> list:
+  """`values` converted, each checked by `valid` and given once (UserError naming `flag`)."""
+  parsed = []
   for value in values:
     try:
-      rate = float(value)
+      item = convert(value)
     except ValueError:
-      rate = math.nan
-    if not (math.isfinite(rate) and rate > 0):
-      raise UserError(f"--learning_rates: {value!r} is not a positive number; give e.g. "
-                      "--learning_rates=5e-5,4e-5,3e-5,2e-5.")
-    if rate in rates:
-      raise UserError(f"--learning_rates: {value} is given twice; give each rate once.")
-    rates.append(rate)
-  if not rates:
-    raise UserError("--learning_rates is empty; give e.g. --learning_rates=5e-5,4e-5,3e-5,2e-5.")
-  return rates
+      item = None
+    if item is None or not valid(item):
+      raise UserError(f"{flag}: {value!r} is not {what}; give e.g. {flag}={example}.")
+    if item in parsed:
+      raise UserError(f"{flag}: {value} is given twice; give each once.")
+    parsed.append(item)
+  if not parsed:
+    raise UserError(f"{flag} is empty; give e.g. {flag}={example}.")
+  return parsed
+
+
+def parse_learning_rates(values: Sequence[str]) -> list[float]:
+  """--learning_rates' values as floats (UserError unless each is a positive number, once)."""
+  return _parse_distinct(values, "--learning_rates", float,
+                         lambda rate: math.isfinite(rate) and rate > 0, "a positive number",
+                         "5e-5,4e-5,3e-5,2e-5")
 
 
 def parse_seeds(values: Sequence[str]) -> list[int]:
   """--seeds' values as ints (UserError unless each is an integer >= 0, once)."""
-  seeds = []
-  for value in values:
-    try:
-      seed = int(value)
-    except ValueError:
-      seed = -1
-    if seed < 0:
-      raise UserError(f"--seeds: {value!r} is not an integer >= 0; give e.g. --seeds=0,1,2.")
-    if seed in seeds:
-      raise UserError(f"--seeds: {value} is given twice; give each seed once.")
-    seeds.append(seed)
-  if not seeds:
-    raise UserError("--seeds is empty; give e.g. --seeds=0,1,2.")
-  return seeds
+  return _parse_distinct(values, "--seeds", int, lambda seed: seed >= 0, "an integer >= 0",
+                         "0,1,2")
 
 
 def run_name(learning_rate: float, seed: int) -> str:
