@@ -19,8 +19,8 @@ setuptools.setup(
     # configs/ (at the root, where commands name them) is installed as the package bertjax.configs.
     packages=[*setuptools.find_packages(include=["bertjax", "bertjax.*"]), "bertjax.configs"],
     package_dir={"bertjax.configs": "configs"},
-    package_data={"bertjax": ["data/corpus/*.txt", "data/corpus/*.md", "data/movie_reviews/*.txt",
-                              "data/movie_reviews/*.md"]},
+    package_data={"bertjax": ["data/corpus/*.txt", "data/corpus/*.md", "data/finetuning/movie_reviews/*.txt",
+                              "data/finetuning/movie_reviews/*.md"]},
     python_requires=">=3.10",
     install_requires=[
         "jax==0.10.2",
@@ -40,7 +40,7 @@ setuptools.setup(
         "tensorboardX==2.6.5",
         "clu==0.0.12",  # metrics (clu.metrics only: its metric_writers import TensorFlow)
         "seqeval==1.2.2",  # entity-level NER F1 (conlleval's rules)
-        "matplotlib==3.11.2",  # WORKDIR/curves.png (bertjax.curves; imported only to draw)
+        "matplotlib==3.11.2",  # WORKDIR/curves.png (bertjax.training.curves; imported only to draw)
     ],
     extras_require={
         # Reference peers for parity tests and benchmarks: torch's CPU build, transformers;

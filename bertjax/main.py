@@ -12,7 +12,8 @@ import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from bertjax import configs, parallel, tasks, workdir
+from bertjax import configs, tasks, workdir
+from bertjax.training import parallel
 from bertjax.errors import UserError
 
 _CONFIG = config_flags.DEFINE_config_file(

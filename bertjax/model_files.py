@@ -4,7 +4,7 @@
                          JSON; vocab_size is the real vocabulary, pad_vocab_to_multiple gives
                          the rows of the saved embedding table and MLM bias, causal whether the
                          model attends left to right only (a file without it: false)
-  DIR/checkpoints/       orbax checkpoints (bertjax.checkpoint); `params` holds the weights
+  DIR/checkpoints/       orbax checkpoints (bertjax.training.checkpoint); `params` holds the weights
   DIR/vocab.txt or DIR/vocab.model, DIR/tokenizer_config.json, ...   the tokenizer
 
 A pretraining or fine-tuning workdir is one, and so is what `python -m bertjax.convert` writes;
@@ -21,7 +21,8 @@ from typing import Any, Iterable
 import jax
 import jax.numpy as jnp
 
-from bertjax import checkpoint, tokenization
+from bertjax import tokenization
+from bertjax.training import checkpoint
 from bertjax.errors import UserError
 from bertjax.models.bert import BertConfig
 
@@ -104,7 +105,7 @@ def save_model_dir(out_dir: str, params: dict[str, Any], config: BertConfig,
                    tokenizer_paths: Iterable[str] = ()) -> None:
   """Writes a model directory that `config.init_checkpoint=OUT` can start from.
 
-  OUT/checkpoints/0/state: {'step': int32 0, 'params': params} (bertjax.checkpoint.Checkpoints);
+  OUT/checkpoints/0/state: {'step': int32 0, 'params': params} (bertjax.training.checkpoint.Checkpoints);
   OUT/bert_config.json: the BertConfig fields; and each of `tokenizer_paths` copied into OUT.
   """
   os.makedirs(out_dir, exist_ok=True)

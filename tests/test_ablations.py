@@ -26,8 +26,10 @@ from flax import traverse_util
 from bertjax import model_files, tasks
 from bertjax.convert import __main__ as convert_cli
 from bertjax.convert import hf, hf_files
-from bertjax.data import loader, movie_reviews, prepare, shards, sources
-from bertjax.data import pretraining_examples as pe
+from bertjax.data import prepare, sources
+from bertjax.data.finetuning import movie_reviews
+from bertjax.data.pretraining import loader, shards
+from bertjax.data.pretraining import examples as pe
 from bertjax.errors import UserError
 from bertjax.models import bert, heads
 from bertjax.tasks import finetuning, pretraining

@@ -1,4 +1,4 @@
-"""Tests of bertjax.bench: the peers run at tiny shapes, the FLOP formula, bad arguments.
+"""Tests of bertjax.tools.bench: the peers run at tiny shapes, the FLOP formula, bad arguments.
 
 The hf_flax peer needs transformers 4.57.6 (the last with Flax), which the [test] extra's
 transformers 5 replaces; its real run is the one test here that skips without it.
@@ -10,7 +10,7 @@ import flax
 import jax
 import pytest
 
-from bertjax import bench
+from bertjax.tools import bench
 from bertjax.errors import UserError
 from bertjax.models import bert, heads
 
@@ -85,7 +85,7 @@ def test_hf_flax_without_flax_bert_is_a_user_error(monkeypatch, capsys):
     bench.main(["--size=tiny", "--peers=hf_flax"])
   assert exit_info.value.code == 2
   err = capsys.readouterr().err
-  assert err.startswith("bertjax.bench: error: --peers=hf_flax needs") and err.count("\n") == 1
+  assert err.startswith("bertjax.tools.bench: error: --peers=hf_flax needs") and err.count("\n") == 1
 
 
 def test_model_flops_by_hand():
@@ -135,7 +135,7 @@ def test_cli_reports_bad_size_in_one_line(capsys):
     bench.main(["--size=tiny,huge", "--peers=torch"])
   assert exit_info.value.code == 2
   err = capsys.readouterr().err
-  assert err.startswith("bertjax.bench: error: unknown --size 'huge'") and err.count("\n") == 1
+  assert err.startswith("bertjax.tools.bench: error: unknown --size 'huge'") and err.count("\n") == 1
 
 
 def test_bertjax_options_and_packed_batches(capsys):

@@ -20,7 +20,8 @@ import pytest
 import test_ner
 import test_squad
 import test_swag
-from bertjax import checkpoint, model_files, parallel, train
+from bertjax import model_files
+from bertjax.training import checkpoint, parallel, train
 from bertjax.convert import hf
 from bertjax.errors import UserError
 from bertjax.models import bert, bilstm, heads

@@ -1,4 +1,4 @@
-"""Tests of bertjax.checkpoint on a tiny flax model + optax state (CPU, a few seconds)."""
+"""Tests of bertjax.training.checkpoint on a tiny flax model + optax state (CPU, a few seconds)."""
 import os
 import subprocess
 import sys
@@ -12,7 +12,7 @@ import optax
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from bertjax import checkpoint, optim
+from bertjax.training import checkpoint, optim
 from bertjax.errors import UserError
 
 from conftest import tree_digest
@@ -252,7 +252,7 @@ _TWO_DEVICES = textwrap.dedent("""
     import sys
     import jax, jax.numpy as jnp, numpy as np
     from jax.sharding import NamedSharding, PartitionSpec as P
-    from bertjax import checkpoint
+    from bertjax.training import checkpoint
     assert jax.device_count() == 2, jax.devices()
     mesh = jax.make_mesh((2,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
     rows, cols = NamedSharding(mesh, P("data", None)), NamedSharding(mesh, P(None, "data"))

@@ -1,9 +1,9 @@
-"""bertjax.compile_ahead: steps compiled ahead per batch shape, and the shapes a run will meet."""
+"""bertjax.training.compile_ahead: steps compiled ahead per batch shape, and the shapes a run will meet."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import compile_ahead, parallel
+from bertjax.training import compile_ahead, parallel
 from bertjax.data.pipeline import FeatureBatches
 
 

@@ -20,7 +20,8 @@ import transformers
 from flax import traverse_util
 from safetensors.numpy import load_file, save_file
 
-from bertjax import checkpoint, model_files
+from bertjax import model_files
+from bertjax.training import checkpoint
 from bertjax.convert import __main__ as cli
 from bertjax.convert import hf, hf_files
 from bertjax.errors import UserError

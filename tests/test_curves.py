@@ -1,4 +1,4 @@
-"""WORKDIR/curves.png (bertjax.curves): what the two panels plot, from a metrics.jsonl written by
+"""WORKDIR/curves.png (bertjax.training.curves): what the two panels plot, from a metrics.jsonl written by
 hand; that a run draws it after each evaluation and at its end; and the README's redraw command.
 """
 import json
@@ -9,7 +9,8 @@ import sys
 import pytest
 from conftest import GLUE_VOCAB
 
-from bertjax import curves, tasks
+from bertjax import tasks
+from bertjax.training import curves
 from bertjax.configs import glue as glue_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -92,9 +93,9 @@ def test_a_run_draws_after_each_evaluation_and_at_its_end(random_bert, glue_dir,
 
 
 def test_the_readme_redraw_command(tmp_path):
-  """`python -m bertjax.curves DIR` as the README writes it, run where DIR is a workdir."""
+  """`python -m bertjax.training.curves DIR` as the README writes it, run where DIR is a workdir."""
   _write_log(tmp_path / "DIR")
-  out = subprocess.run([sys.executable, "-m", "bertjax.curves", "DIR"], cwd=tmp_path,
+  out = subprocess.run([sys.executable, "-m", "bertjax.training.curves", "DIR"], cwd=tmp_path,
                        env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True, text=True,
                        timeout=300, check=False)
   assert out.returncode == 0, out.stderr[-2000:]

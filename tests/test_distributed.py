@@ -1,5 +1,5 @@
-"""Tests of joining a multi-process job (bertjax.parallel) and stopping it together
-(bertjax.preemption): the environment's reading without starting anything, then real jobs of two
+"""Tests of joining a multi-process job (bertjax.training.parallel) and stopping it together
+(bertjax.training.preemption): the environment's reading without starting anything, then real jobs of two
 CPU processes with two devices each, started through JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and
 JAX_PROCESS_ID, stopped by a signal to one of them, saving a sharded state and restoring it."""
 import json
@@ -13,7 +13,7 @@ import time
 import jax
 import pytest
 
-from bertjax import parallel, preemption
+from bertjax.training import parallel, preemption
 from bertjax.errors import UserError
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -143,7 +143,7 @@ import json, os, sys, time
 import jax, jax.numpy as jnp, numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
-from bertjax import checkpoint, parallel, preemption
+from bertjax.training import checkpoint, parallel, preemption
 
 phase, workdir = sys.argv[1], sys.argv[2]
 parallel.maybe_initialize_distributed()

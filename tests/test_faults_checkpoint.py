@@ -15,7 +15,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from bertjax import checkpoint
+from bertjax.training import checkpoint
 from bertjax.errors import UserError
 
 from conftest import tree_digest

@@ -17,7 +17,8 @@ import time
 
 import pytest
 
-from bertjax import metric_logs, workdir
+from bertjax import workdir
+from bertjax.training import metric_logs
 from bertjax.errors import UserError
 
 from conftest import tree_digest, write_chapters

@@ -1,5 +1,5 @@
 """The feature-based approach (the paper, section 5.3, Table 7): bertjax.models.feature_based,
-configs/ner.py:feature_based, and the frozen parameters of bertjax.optim.
+configs/ner.py:feature_based, and the frozen parameters of bertjax.training.optim.
 
 Each layer combination feeds the BiLSTM the hidden states Table 7 names (checked on the values
 the encoder computes, with ELMo's scalar mix against numpy); the encoder gets no gradient and no
@@ -23,7 +23,8 @@ import pytest
 from flax import traverse_util
 
 import test_ner
-from bertjax import checkpoint, model_files, optim
+from bertjax import model_files
+from bertjax.training import checkpoint, optim
 from bertjax import tasks
 from bertjax.errors import UserError
 from bertjax.models import bert, bilstm, feature_based, heads

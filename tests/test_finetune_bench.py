@@ -1,4 +1,4 @@
-"""The fine-tuning speed script (bertjax.finetune_bench), by its pieces on a tiny setting: the
+"""The fine-tuning speed script (bertjax.tools.finetune_bench), by its pieces on a tiny setting: the
 setup gives both peers the same weights and the same token ids, the transformers peer fine-tunes
 and scores, the bertjax command is a valid fine-tuning command, and the report reads. (The whole
 script runs both peers as subprocesses; on the default setting it takes minutes.)"""
@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from bertjax import finetune_bench
+from bertjax.tools import finetune_bench
 from bertjax.configs import glue as glue_config
 from bertjax.convert import hf
-from bertjax.data import glue as glue_data
+from bertjax.data.finetuning import glue as glue_data
 from bertjax import model_files
 
 

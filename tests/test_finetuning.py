@@ -16,7 +16,8 @@ import numpy as np
 import optax
 import pytest
 
-from bertjax import metrics, parallel, train
+from bertjax import metrics
+from bertjax.training import parallel, train
 from bertjax.configs import finetuning as finetuning_config
 from bertjax.errors import UserError
 from bertjax.models import heads

@@ -20,7 +20,7 @@ from conftest import GLUE_VOCAB
 
 from bertjax import metrics, model_files
 from bertjax.convert import __main__ as convert_cli
-from bertjax.data import glue as glue_data
+from bertjax.data.finetuning import glue as glue_data
 from bertjax.errors import UserError
 from bertjax import tasks
 from bertjax.tasks import glue

@@ -1,4 +1,4 @@
-"""Tests of bertjax.data.glue: GLUE's files and TFDS -> examples -> BERT features, submissions.
+"""Tests of bertjax.data.finetuning.glue: GLUE's files and TFDS -> examples -> BERT features, submissions.
 
 The .tsv files written here copy the layouts download_glue_data.py leaves (header rows, columns,
 CoLA's headerless train/dev, MRPC's byte order mark, MNLI's 12/16/10-column files), with rows
@@ -12,8 +12,8 @@ import pytest
 import transformers
 
 from bertjax import tokenization
-from bertjax.data import glue
-from bertjax.data.glue import Example
+from bertjax.data.finetuning import glue
+from bertjax.data.finetuning.glue import Example
 from bertjax.errors import UserError
 
 FILES = {

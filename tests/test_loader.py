@@ -1,4 +1,4 @@
-"""Tests of bertjax.data.loader: batches from prepared shards, epochs, a global position that
+"""Tests of bertjax.data.pretraining.loader: batches from prepared shards, epochs, a global position that
 resumes on any host count, masks per example and epoch, stored masks, evaluation, bad shards."""
 import os
 
@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from bertjax import tokenization
-from bertjax.data import loader, pipeline, prepare, sources
-from bertjax.data import pretraining_examples as pe
+from bertjax.data import pipeline, prepare, sources
+from bertjax.data.pretraining import loader
+from bertjax.data.pretraining import examples as pe
 from bertjax.errors import UserError
 
 SEQ, PREDICTIONS = 32, 5

@@ -1,10 +1,10 @@
-"""Tests of bertjax.model_options: the compute dtype by backend and the run's BertConfig fields."""
+"""Tests of bertjax.training.model_options: the compute dtype by backend and the run's BertConfig fields."""
 import re
 
 import ml_collections
 import pytest
 
-from bertjax import model_options
+from bertjax.training import model_options
 from bertjax.configs import base, finetuning, tiny
 from bertjax.errors import UserError
 

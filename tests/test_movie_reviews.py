@@ -1,4 +1,4 @@
-"""The bundled movie-review sentences (bertjax.data.movie_reviews): the shipped file is the one
+"""The bundled movie-review sentences (bertjax.data.finetuning.movie_reviews): the shipped file is the one
 credited, binarised by the sign of its rating, split the same way every time, and written as
 SST-2 files that the GLUE reader reads back."""
 import hashlib
@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from bertjax.data import glue, movie_reviews
+from bertjax.data.finetuning import glue, movie_reviews
 from bertjax.errors import UserError
 
 

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from bertjax import checkpoint
+from bertjax.training import checkpoint
 
 from conftest import write_chapters
 

@@ -1,4 +1,4 @@
-"""NER on CoNLL-2003-format data (bertjax.data.ner, bertjax.tasks.ner, configs/ner.py).
+"""NER on CoNLL-2003-format data (bertjax.data.finetuning.ner, bertjax.tasks.ner, configs/ner.py).
 
 Reading, first-sub-token features, windows and the way back to words are checked on small exact
 cases; seqeval's numbers on a hand example. End to end, a small random BERT with a WordPiece
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from bertjax import metrics, tokenization
-from bertjax.data import ner as ner_data
+from bertjax.data.finetuning import ner as ner_data
 from bertjax.errors import UserError
 from bertjax import tasks
 from bertjax.models import heads

@@ -1,4 +1,4 @@
-"""Tests of bertjax.optim: schedule values, the weight-decay mask, AdamW against a hand-written
+"""Tests of bertjax.training.optim: schedule values, the weight-decay mask, AdamW against a hand-written
 update, clipping and gradient accumulation (tiny pytrees, CPU, about a second)."""
 import flax.linen as nn
 import jax
@@ -7,7 +7,7 @@ import numpy as np
 import optax
 import pytest
 
-from bertjax import optim
+from bertjax.training import optim
 from bertjax.errors import UserError
 
 

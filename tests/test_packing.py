@@ -10,8 +10,9 @@ import orbax.checkpoint as ocp
 import pytest
 
 from bertjax.configs import tiny
-from bertjax.data import loader, packing, pipeline, prepare, shards, sources
-from bertjax.data import pretraining_examples as pe
+from bertjax.data import pipeline, prepare, sources
+from bertjax.data.pretraining import loader, packing, shards
+from bertjax.data.pretraining import examples as pe
 from bertjax.errors import UserError
 from bertjax.models import heads
 from bertjax.tasks import pretraining

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from bertjax import tokenization
-from bertjax.data import prepare, shards, sources, text_shards
-from bertjax.data import pretraining_examples as pe
+from bertjax.data import prepare, sources
+from bertjax.data.pretraining import shards, text_shards
+from bertjax.data.pretraining import examples as pe
 from bertjax.errors import UserError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -85,7 +85,7 @@ def test_pipeline_flag_without_runner_is_one_line(text_file, tmp_path):
     ("DirectRunner", ["--type_check_additional=bogus"], "refused the pipeline flags: Unrecog"),
 ])
 def test_bad_runner_or_flag_is_a_user_error(tmp_path, capsys, runner, args, message):
-  from bertjax.data import prepare_beam  # pylint: disable=import-outside-toplevel
+  from bertjax.data.pretraining import (beam as prepare_beam)  # pylint: disable=import-outside-toplevel
 
   for refuse in (lambda: prepare_beam.check(runner, args),
                  lambda: prepare_beam.run(str(tmp_path), [0], runner, args)):
@@ -97,7 +97,7 @@ def test_bad_runner_or_flag_is_a_user_error(tmp_path, capsys, runner, args, mess
 
 
 def test_without_beam_says_how_to_install(monkeypatch):
-  from bertjax.data import prepare_beam  # pylint: disable=import-outside-toplevel
+  from bertjax.data.pretraining import (beam as prepare_beam)  # pylint: disable=import-outside-toplevel
 
   monkeypatch.setitem(sys.modules, "apache_beam", None)  # import apache_beam fails
   with pytest.raises(UserError, match=r"pip install 'bertjax\[beam\]'"):
@@ -106,7 +106,7 @@ def test_without_beam_says_how_to_install(monkeypatch):
 
 @needs_beam
 def test_worker_without_data_is_a_user_error(tmp_path):
-  from bertjax.data import prepare_beam  # pylint: disable=import-outside-toplevel
+  from bertjax.data.pretraining import (beam as prepare_beam)  # pylint: disable=import-outside-toplevel
 
   with pytest.raises(UserError, match="every worker reads and writes"):
     prepare_beam.process_shard(0, str(tmp_path))

@@ -1,9 +1,9 @@
-"""Tests of bertjax.data.pretraining_examples (NSP pairs, MLM masks) against Google's rules."""
+"""Tests of bertjax.data.pretraining.examples (NSP pairs, MLM masks) against Google's rules."""
 
 import numpy as np
 import pytest
 
-from bertjax.data import pretraining_examples as pe
+from bertjax.data.pretraining import examples as pe
 from bertjax.errors import UserError
 
 # [PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4; ids 5..19 are ordinary tokens.

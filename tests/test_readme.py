@@ -87,8 +87,8 @@ def test_every_readme_command_names_real_flags_and_config_fields():
         for part in arg[len("--config."):].split("=")[0].split("."):
           assert part in node, (name, arg)
           node = node[part]
-  from bertjax import bench  # pylint: disable=import-outside-toplevel
-  benches = _readme_commands("python -m bertjax.bench")
+  from bertjax.tools import bench  # pylint: disable=import-outside-toplevel
+  benches = _readme_commands("python -m bertjax.tools.bench")
   assert len(benches) >= 4, benches
   for args in benches:
     _, unknown = bench._parser().parse_known_args(args)  # pylint: disable=protected-access

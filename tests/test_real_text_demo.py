@@ -1,4 +1,4 @@
-"""bertjax.real_text_demo: the runs it makes, the random-init model, its results and figure.
+"""bertjax.tools.real_text_demo: the runs it makes, the random-init model, its results and figure.
 
 The runs themselves are bertjax's commands, each tested elsewhere (the ablations' README
 commands in test_ablations, GLUE fine-tuning in test_glue, bilstm_on_top in test_bilstm); here
@@ -12,7 +12,9 @@ import shlex
 import numpy as np
 import pytest
 
-from bertjax import checkpoint, model_files, real_text_demo
+from bertjax import model_files
+from bertjax.tools import real_text_demo
+from bertjax.training import checkpoint
 from bertjax.models import bert
 
 
@@ -118,6 +120,6 @@ def test_the_readme_command_parses():
   with open(os.path.join(root, "README.md"), encoding="utf-8") as f:
     text = re.sub(r"\\\n\s*", " ", f.read())
   [command] = [line for line in text.splitlines()
-               if line.startswith("python -m bertjax.real_text_demo")]
+               if line.startswith("python -m bertjax.tools.real_text_demo")]
   args = real_text_demo.make_parser().parse_args(shlex.split(command)[3:])
   assert args.workdir == "demo" and args.pretrain_steps == 2000

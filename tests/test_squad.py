@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from bertjax import metrics, tokenization
-from bertjax.data import squad as squad_data
-from bertjax.data import squad_answers
+from bertjax.data.finetuning import squad as squad_data
+from bertjax.tasks import squad_answers
 from bertjax.errors import UserError
 from bertjax import tasks
 from bertjax.tasks import squad

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from bertjax import tokenization
-from bertjax.data import swag as swag_data
+from bertjax.data.finetuning import swag as swag_data
 from bertjax.errors import UserError
 from bertjax import tasks
 from bertjax.tasks import swag

@@ -1,4 +1,4 @@
-"""bertjax.sweep: a grid of fine-tuning runs on a small random BERT and conftest's GLUE-format
+"""bertjax.tools.sweep: a grid of fine-tuning runs on a small random BERT and conftest's GLUE-format
 files.
 
 The README's command runs as written: STS-B, whose main metric is Spearman's correlation, at the
@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 from conftest import GLUE_VOCAB, tree_digest
 
-from bertjax import metrics, sweep, tasks
+from bertjax import metrics, tasks
+from bertjax.tools import sweep
 from bertjax.configs import glue as glue_config
 from bertjax.errors import UserError
 
@@ -36,11 +37,11 @@ def model_dir(random_bert, tmp_path_factory):
 
 
 def _readme_sweep_command():
-  """The README's `python -m bertjax.sweep` command as arguments (continued lines joined)."""
+  """The README's `python -m bertjax.tools.sweep` command as arguments (continued lines joined)."""
   with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
     text = re.sub(r"\\\n\s*", " ", f.read())
   commands = [line.strip() for block in re.findall(r"```bash\n(.*?)```", text, re.S)
-              for line in block.splitlines() if line.startswith("python -m bertjax.sweep")]
+              for line in block.splitlines() if line.startswith("python -m bertjax.tools.sweep")]
   assert len(commands) == 1, commands
   return shlex.split(commands[0])
 
@@ -183,14 +184,14 @@ def test_grid_flags_and_run_names():
 def test_bad_input_is_one_line_and_exit_2(tmp_path):
   """A pretraining config on the command line: one line, status 2, nothing written. The other
   refusals, in this process."""
-  out = subprocess.run([sys.executable, "-m", "bertjax.sweep", "--config=configs/tiny.py",
+  out = subprocess.run([sys.executable, "-m", "bertjax.tools.sweep", "--config=configs/tiny.py",
                         "--learning_rates=1e-4", f"--workdir={tmp_path / 'w'}"], cwd=ROOT,
                        env=dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu"),
                        capture_output=True, text=True, timeout=300, check=False)
   assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
   [line] = out.stderr.strip().splitlines()
   assert line.startswith(
-      "bertjax: error: bertjax.sweep fine-tunes, and config.task='pretraining' is not a "
+      "bertjax: error: bertjax.tools.sweep fine-tunes, and config.task='pretraining' is not a "
       "fine-tuning task; give a fine-tuning config (configs/glue.py, ner.py, squad.py, swag.py) "
       "or --config.task among ['ax', 'cola', "), line
   assert not (tmp_path / "w").exists()

@@ -1,4 +1,4 @@
-"""Tensor parallelism with BERT's own vocabulary (bertjax.parallel): 30522 rows are padded to
+"""Tensor parallelism with BERT's own vocabulary (bertjax.training.parallel): 30522 rows are padded to
 30592 = 239 * 128, which splits over tensor = 2, 4 and 8 devices, and a train step runs over
 tensor=4; without padding the mesh is refused with a UserError that names
 pad_vocab_to_multiple. One subprocess with 8 CPU devices.
@@ -19,7 +19,7 @@ _SCRIPT = textwrap.dedent(f"""
     sys.path.insert(0, {os.path.join(ROOT, 'tests')!r})
     import jax, numpy as np
     assert jax.device_count() == 8, jax.devices()
-    from bertjax import parallel, train
+    from bertjax.training import parallel, train
     from bertjax.errors import UserError
     from bertjax.models import bert, heads
     import test_train as t

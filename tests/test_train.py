@@ -1,4 +1,4 @@
-"""Tests of bertjax.train and the pretraining loss: overfitting, gradient accumulation,
+"""Tests of bertjax.training.train and the pretraining loss: overfitting, gradient accumulation,
 data parallelism on 2 devices, and the loss / metric arithmetic (CPU, tiny models)."""
 import dataclasses
 import json
@@ -13,8 +13,9 @@ import numpy as np
 import optax
 import pytest
 
-from bertjax import bench, flops, parallel, train
-from bertjax.data import pretraining_examples as pe
+from bertjax.tools import bench
+from bertjax.training import flops, parallel, train
+from bertjax.data.pretraining import examples as pe
 from bertjax.errors import UserError
 from bertjax.models import bert, heads
 from bertjax.tasks import pretraining
@@ -226,7 +227,8 @@ def test_two_devices_match_one_device():
       sys.path.insert(0, {os.path.join(ROOT, 'tests')!r})
       import jax, numpy as np
       assert jax.device_count() == 2, jax.devices()
-      from bertjax import bench, flops, parallel, train
+      from bertjax.tools import bench
+      from bertjax.training import flops, parallel, train
       import test_train as t
       results = []
       for devices in (jax.devices()[:1], jax.devices()):

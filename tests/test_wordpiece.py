@@ -16,7 +16,8 @@ from tokenizers import models, normalizers, pre_tokenizers, trainers
 from transformers.models.bert import tokenization_bert_legacy as legacy
 
 from bertjax import tokenization
-from bertjax.data import pretraining_examples, sources
+from bertjax.data import sources
+from bertjax.data.pretraining import examples as pretraining_examples
 from bertjax.errors import UserError
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -265,7 +266,7 @@ def test_pretraining_accepts_it(tok):
 
 def test_pretraining_runs_on_a_wordpiece_vocabulary(vocab_file, tmp_path):
   """data.vocab_model=vocab.txt: examples hold WordPiece ids with its specials; a step runs."""
-  from bertjax import parallel, train  # pylint: disable=import-outside-toplevel
+  from bertjax.training import parallel, train  # pylint: disable=import-outside-toplevel
   from bertjax.tasks import pretraining  # pylint: disable=import-outside-toplevel
   from bertjax.configs import tiny  # pylint: disable=import-outside-toplevel
   config = tiny.get_config()

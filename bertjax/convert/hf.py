@@ -16,7 +16,7 @@ What is converted (`from_hf`):
   - the pooler, the masked-LM head (`cls.predictions.*`) and the next-sentence head
     (`cls.seq_relationship.*`) when the checkpoint has them. Each of these groups must be whole
     or absent; an absent group is reported `missing` and left out of the parameters, so that
-    `bertjax.checkpoint.load_params` leaves it freshly initialised (BertForMaskedLM has no pooler
+    `bertjax.training.checkpoint.load_params` leaves it freshly initialised (BertForMaskedLM has no pooler
     and no NSP head; BertModel has no heads).
   - the MLM decoder is tied to the word embeddings in bertjax; a checkpoint that stores
     `cls.predictions.decoder.weight` (older ones do) must hold a copy of the word embeddings
@@ -52,7 +52,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
-from bertjax import checkpoint, model_files
+from bertjax import model_files
+from bertjax.training import checkpoint
 from bertjax.errors import UserError
 from bertjax.models import bilstm, heads
 from bertjax.models.bert import BertConfig

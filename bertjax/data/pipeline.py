@@ -28,7 +28,7 @@ per-example outputs.
 
 Packing (`FeatureBatches(packing=k)`, Krell et al. 2021, for sequence-level tasks): the G examples
 of a global batch are laid out k to a row in G / k rows (`balanced_rows`: longest first, each
-into the open row with the fewest tokens), in the packed layout of `bertjax.data.packing`
+into the open row with the fewest tokens), in the packed layout of `bertjax.data.pretraining.packing`
 (position_ids, sequence_ids, cls_positions; per-example keys [rows, k]). A global batch is still
 the same G examples, so steps, epochs and data positions are those of unpacked batches. Rows are
 cut to the smallest length bucket that holds the longest row (k * seq without buckets); each host
@@ -41,7 +41,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
-from bertjax.data import packing as packing_layout
+from bertjax.data.pretraining import packing as packing_layout
 from bertjax.errors import UserError
 
 Position = dict[str, int]

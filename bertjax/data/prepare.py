@@ -49,7 +49,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from bertjax.data import packing, shards, text_shards
+from bertjax.data.pretraining import packing, shards, text_shards
 from bertjax.errors import UserError
 
 INFO_FILE = "info.json"
@@ -197,7 +197,7 @@ def shard_documents(options: Options, specs: list[dict], index: int,
 def _pair_records(docs, split: str, index: int, phase: int, options: Options, tok, dtype):
   """The records of the NSP pairs (masked if static) of a text shard's `split` documents at the
   phase's length: dupe_factor passes for training, one for held-out documents."""
-  from bertjax.data import pretraining_examples as pe  # pylint: disable=import-outside-toplevel
+  from bertjax.data.pretraining import examples as pe  # pylint: disable=import-outside-toplevel
 
   length = options.max_seq_length[phase]
   rng = np.random.default_rng([options.seed, _PAIRS, index, phase, split == "heldout"])
@@ -215,7 +215,7 @@ def _span_records(docs, split: str, index: int, phase: int, options: Options, to
   """The records of the contiguous spans (masked if static) of a text shard's `split`
   documents at the phase's length: pair records with an empty B (shards.py); dupe_factor passes
   for training, one for held-out documents."""
-  from bertjax.data import pretraining_examples as pe  # pylint: disable=import-outside-toplevel
+  from bertjax.data.pretraining import examples as pe  # pylint: disable=import-outside-toplevel
 
   length = options.max_seq_length[phase]
   spans = pe.iter_contiguous_spans(docs, length, options.dupe_factor if split == "train" else 1)
@@ -244,7 +244,7 @@ def _tokenize(tok, texts: list[list[str]]) -> list[list[list[int]]]:
 def _masked_records(pairs, length, predictions, special, options, rng, word_tables, dtype):
   """Static masks: pairs masked `_MASK_CHUNK` at a time, as records with their masks."""
   from bertjax import tokenization  # pylint: disable=import-outside-toplevel
-  from bertjax.data import pretraining_examples as pe  # pylint: disable=import-outside-toplevel
+  from bertjax.data.pretraining import examples as pe  # pylint: disable=import-outside-toplevel
 
   pairs = iter(pairs)
   while chunk := list(itertools.islice(pairs, _MASK_CHUNK)):
@@ -280,7 +280,7 @@ def prepare(options: Options, output_dir: str, workers: int = 0, runner: str = "
   """
   options.check()
   if runner:  # a wrong runner or flag is told before any work
-    from bertjax.data import prepare_beam  # pylint: disable=import-outside-toplevel
+    from bertjax.data.pretraining import beam as prepare_beam  # pylint: disable=import-outside-toplevel
     prepare_beam.check(runner, pipeline_args)
   existing = _check_output_dir(output_dir, options)
   if existing is not None:
@@ -311,7 +311,7 @@ def _prepare(options: Options, output_dir: str, workers: int, runner: str,
   todo = [i for i in range(len(plan["text_shards"]))
           if not os.path.exists(_done_path(output_dir, i))]
   if runner:
-    from bertjax.data import prepare_beam  # pylint: disable=import-outside-toplevel
+    from bertjax.data.pretraining import beam as prepare_beam  # pylint: disable=import-outside-toplevel
     prepare_beam.run(output_dir, todo, runner, pipeline_args)
   else:
     _run_local(output_dir, todo, workers or os.cpu_count() or 1, plan, progress)

@@ -42,7 +42,7 @@ that divides num_heads keeps whole heads on a device.
 Logical axis names: 'vocab' (vocabulary rows), 'embed' (the hidden width H), 'heads' (the
 flattened attention heads x head_dim), 'mlp' (the feed-forward width F); None is never sharded
 (position / token-type rows, the pooler's output, which would otherwise name 'embed' twice).
-`bertjax.parallel.LOGICAL_RULES` maps these names to mesh axes. To build sharded parameters:
+`bertjax.training.parallel.LOGICAL_RULES` maps these names to mesh axes. To build sharded parameters:
 `jax.eval_shape(model.init, ...)` -> `nn.get_partition_spec` for the specs -> init under jit with
 those shardings -> `nn.unbox` to get plain arrays, which `model.apply` takes.
 

@@ -10,7 +10,7 @@ stops at its activations; the chosen layers are combined, read by a two-layer Bi
 `bertjax.models.bilstm`, `bilstm_units` a direction) and tagged by dropout + Dense
 ('token_tagging', as `heads.TokenTagging`). stop_gradient keeps gradients off the encoder; the
 optimizer must also leave it alone (no weight decay, no Adam step): `train.frozen_params="bert"`
-(`bertjax.optim`), which configs/ner.py:feature_based sets.
+(`bertjax.training.optim`), which configs/ner.py:feature_based sets.
 
 LAYER_COMBINATIONS, the rows of Table 7 (CoNLL-2003 dev F1 of BERT-base; fine-tuning: 96.4),
 as indices into the encoder's hidden states (0 the embedding output, i the output of layer i):

@@ -9,7 +9,7 @@ from typing import Callable
 
 import ml_collections
 
-from bertjax.data import glue as glue_data
+from bertjax.data.finetuning import glue as glue_data
 from bertjax.errors import UserError
 from bertjax.tasks import features, finetuning, glue, ner, pretraining, squad, swag
 

@@ -27,8 +27,9 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from bertjax import checkpoint, model_files, tokenization
-from bertjax.data.glue import truncated_lengths
+from bertjax import model_files, tokenization
+from bertjax.training import checkpoint
+from bertjax.data.finetuning.glue import truncated_lengths
 from bertjax.errors import UserError
 from bertjax.models import bert, heads
 

@@ -51,7 +51,8 @@ import ml_collections
 import numpy as np
 from etils import epath
 
-from bertjax import compile_ahead, model_files, model_options, parallel, tokenization, train
+from bertjax import model_files, tokenization
+from bertjax.training import compile_ahead, model_options, parallel, train
 from bertjax.data.pipeline import FeatureBatches
 from bertjax.errors import UserError
 from bertjax.models.bert import BertConfig
@@ -106,7 +107,7 @@ class Spec:
       the last evaluation's set, the others are Data.predict's.
     main_metric: config -> the name, among `score`'s metrics, of the one the paper reports for
       the task (higher is better; e.g. "f1" for SQuAD): recorded in eval_results.json, plotted
-      in curves.png, and what `bertjax.sweep` picks the best run by.
+      in curves.png, and what `bertjax.tools.sweep` picks the best run by.
     padding_invariant: the loss and the predictions at real tokens do not depend on padding
       positions (attention masks them, loss weights are 0 there), so batches may be cut to
       data.length_buckets. Predictions shaped like the batch's input_mask ([batch, seq, ...],

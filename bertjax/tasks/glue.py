@@ -4,7 +4,7 @@ pretrained BERT (paper 4.1).
   python -m bertjax.main --config=configs/glue.py --workdir=DIR --config.task=mrpc \
       --config.init_checkpoint=CKPT --config.data.glue_dir=GLUE_DIR
 
-`config.task` names the GLUE task (bertjax.data.glue.TASKS but ax, which has no training data).
+`config.task` names the GLUE task (bertjax.data.finetuning.glue.TASKS but ax, which has no training data).
 CKPT is a pretraining workdir or a converted model directory (its bert_config.json and tokenizer
 are used). Examples come from GLUE_DIR (download_glue_data.py's layout) or, when
 `data.glue_dir` is empty, from TFDS's glue/<task> prepared under `data.tfds_data_dir`.
@@ -29,7 +29,7 @@ import optax
 from etils import epath
 
 from bertjax import metrics, tokenization
-from bertjax.data import glue as glue_data
+from bertjax.data.finetuning import glue as glue_data
 from bertjax.errors import UserError
 from bertjax.models import heads
 from bertjax.tasks import finetuning

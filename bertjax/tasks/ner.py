@@ -6,7 +6,7 @@
 
 CKPT is a pretraining workdir or a converted model directory (its bert_config.json and
 tokenizer are used; a cased model suits NER). CONLL_DIR holds CoNLL-2003's train.txt and
-valid.txt (or dev.txt), read by bertjax.data.ner.
+valid.txt (or dev.txt), read by bertjax.data.finetuning.ner.
 
 The model is `heads.BertForTokenClassification`: each word's first sub-token -> dropout ->
 Dense(num_labels); the loss is softmax cross-entropy averaged over first sub-tokens. The classes
@@ -38,8 +38,9 @@ import numpy as np
 import optax
 from etils import epath
 
-from bertjax import metrics, optim, tokenization
-from bertjax.data import ner as ner_data
+from bertjax import metrics, tokenization
+from bertjax.training import optim
+from bertjax.data.finetuning import ner as ner_data
 from bertjax.errors import UserError
 from bertjax.models import feature_based, heads
 from bertjax.models.bert import BertConfig

@@ -6,7 +6,7 @@ held-out ones, NSP pairs per sequence length. A run takes `data.prepared` (a dir
 that command) or prepares its text into WORKDIR/data on first use and reuses it after. The
 vocabulary is `data.vocab_model`, else `init_checkpoint`'s (continued pretraining keeps the
 vocabulary its embeddings were trained with), else one trained on the text. Batches stream
-from the shards (`bertjax.data.loader`) into `BertForPreTraining` and the trainer.
+from the shards (`bertjax.data.pretraining.loader`) into `BertForPreTraining` and the trainer.
 
 Sequence-length phases: as in the paper, a run can train the first steps at
 `data.max_seq_length` (128) and the rest at `data.long_seq_length` (512), from step
@@ -23,7 +23,7 @@ Evaluation is not packed.
 The pretraining-task ablations of the paper (section 5.1, Table 5), by `config.pretraining`:
 `nsp=false` is "No NSP": the masked LM alone (no NSP head, pooler, loss or metrics) on
 contiguous single-segment examples `[CLS] span [SEP]`, each span as long as the sequence allows
-from one document (prepared with --contiguous=true; `bertjax.data.pretraining_examples.
+from one document (prepared with --contiguous=true; `bertjax.data.pretraining.examples.
 iter_contiguous_spans`). `objective=ltr` is "LTR & No NSP": a left-to-right LM on the same
 spans, a causal encoder (BertConfig.causal, recorded in bert_config.json, so fine-tuning from it
 keeps the causal mask), no [MASK] corruption, and each real position's next token scored by the
@@ -43,9 +43,11 @@ import ml_collections
 import numpy as np
 import optax
 
-from bertjax import checkpoint, model_files, model_options, tokenization, train
-from bertjax.data import loader, prepare, sources
-from bertjax.data import pretraining_examples as pe
+from bertjax import model_files, tokenization
+from bertjax.training import checkpoint, model_options, train
+from bertjax.data import prepare, sources
+from bertjax.data.pretraining import loader
+from bertjax.data.pretraining import examples as pe
 from bertjax.errors import UserError
 from bertjax.models import bert, heads
 

@@ -7,7 +7,7 @@
 (configs/squad.py:v2.0 for SQuAD 2.0.) CKPT is a pretraining workdir or a converted model
 directory (its bert_config.json and tokenizer are used). The files are SQuAD's JSON; questions
 become windows of [CLS] question [SEP] context [SEP] as google-research/bert's run_squad.py makes
-them (bertjax.data.squad).
+them (bertjax.data.finetuning.squad).
 
 The model is `heads.BertForQuestionAnswering`: a Dense(2) on every token's final hidden state
 gives start and end logits; the loss is the mean of the start and the end cross-entropy, each a
@@ -33,8 +33,8 @@ import optax
 from etils import epath
 
 from bertjax import metrics, tokenization
-from bertjax.data import squad as squad_data
-from bertjax.data import squad_answers
+from bertjax.data.finetuning import squad as squad_data
+from bertjax.tasks import squad_answers
 from bertjax.errors import UserError
 from bertjax.models import heads
 from bertjax.tasks import finetuning

@@ -6,7 +6,7 @@ a `finetuning.Spec`.
 
 CKPT is a pretraining workdir or a converted model directory (its bert_config.json and tokenizer
 are used); the files are swagaf's data/train.csv, val.csv and (optionally, as data.predict_file)
-test.csv (bertjax.data.swag).
+test.csv (bertjax.data.finetuning.swag).
 
 The model is `heads.BertForMultipleChoice`: each of the four choices is encoded as its own
 [CLS] sent1 [SEP] sent2 ending<i> [SEP] sequence, a vector scores its pooled [CLS] output, and a
@@ -16,7 +16,7 @@ training file's size and the batch size) with warmup over `train.warmup_proporti
 Each evaluation reports the dev loss and accuracy; WORKDIR/eval_results.json holds the last one.
 After the last step WORKDIR/eval_predictions.csv holds "id,label,prediction" for every dev
 question, and, with data.predict_file, WORKDIR/test_predictions.csv holds "id,prediction" (ids
-as bertjax.data.swag gives them; predictions are ending indices 0 to 3). No official leaderboard
+as bertjax.data.finetuning.swag gives them; predictions are ending indices 0 to 3). No official leaderboard
 format comes with SWAG's files (swagaf's csv_predict.py writes the same rows under the header
 ",pred"), so these are plain CSV files.
 """
@@ -33,7 +33,7 @@ import optax
 from etils import epath
 
 from bertjax import metrics, tokenization
-from bertjax.data import swag as swag_data
+from bertjax.data.finetuning import swag as swag_data
 from bertjax.errors import UserError
 from bertjax.models import heads
 from bertjax.tasks import finetuning

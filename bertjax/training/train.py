@@ -5,8 +5,8 @@ called on the batch dict), the weighted terms its loss and metrics are made of, 
 optionally, per-example predictions, their scoring and their files. The trainer owns the rest:
 the mesh, the state, one jitted train step with donated state, one jitted eval step (one forward
 pass for the metrics and the predictions), the logs (progress bar, metrics.jsonl, TensorBoard:
-`bertjax.metric_logs`), checkpoints, an agreed stop on SIGTERM or SIGINT
-(`bertjax.preemption`), WORKDIR/eval_results.json (the last evaluation) and, after the last
+`bertjax.training.metric_logs`), checkpoints, an agreed stop on SIGTERM or SIGINT
+(`bertjax.training.preemption`), WORKDIR/eval_results.json (the last evaluation) and, after the last
 step, the task's prediction files.
 
 Where a run starts from, in this order: the latest checkpoint in WORKDIR/checkpoints (resume:
@@ -36,8 +36,8 @@ import tqdm
 from clu import metrics as clu_metrics
 from etils import epath
 
-from bertjax import (checkpoint, compile_ahead, curves, flops, metric_logs, model_options, optim,
-                     parallel, preemption)
+from bertjax.training import (checkpoint, compile_ahead, curves, flops, metric_logs, model_options,
+                              optim, parallel, preemption)
 from bertjax.errors import UserError
 from bertjax.models import heads
 
@@ -61,7 +61,7 @@ class Batches:
     predict: {set name: () -> batches}, predicted once after the last step (e.g. a test split).
     samples: () -> (training, evaluation) batches, one of each shape the run's steps will meet
       (e.g. each length bucket of a fine-tuning run), compiled side by side before the first
-      step (`bertjax.compile_ahead`); None: the first training batch's shape only.
+      step (`bertjax.training.compile_ahead`); None: the first training batch's shape only.
   """
   train: Callable[[dict | None], Iterator[tuple[Batch, dict]]]
   eval: Callable[[], Iterable[Batch]] | None = None
@@ -90,7 +90,7 @@ class Task:
       the tokenizer, labels.json), written next to config.json.
     main_metric: the reported metric that says how good the model is (higher is better; e.g.
       "mlm_accuracy", GLUE's "f1" for MRPC), recorded in eval_results.json as "main_metric" and
-      plotted in WORKDIR/curves.png (`bertjax.curves`); "" for none.
+      plotted in WORKDIR/curves.png (`bertjax.training.curves`); "" for none.
   """
   model: nn.Module
   terms: Callable[[Any, Batch], Terms]
@@ -334,7 +334,7 @@ def compiled_ahead(setup: Setup, task: Task, first_batch: Batch, *, init: bool,
                    executor: concurrent.futures.Executor) -> Setup:
   """`setup` whose init (when `init`), train step and eval step are compiled in `executor`,
   side by side, for `first_batch`'s shape and those of `task.batches.samples`
-  (`bertjax.compile_ahead`); first what the run needs first."""
+  (`bertjax.training.compile_ahead`); first what the run needs first."""
   if init:
     compiled_init = executor.submit(lambda: setup.init_state.lower().compile())
     setup = dataclasses.replace(setup, init_state=lambda: compiled_init.result()())

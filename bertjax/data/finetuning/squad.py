@@ -4,7 +4,7 @@
   examples = read_examples(dataset, is_training=False, version_2_with_negative=False)
   features = convert_examples_to_features(examples, tokenizer, max_seq_length=384,
                                           doc_stride=128, max_query_length=64, is_training=False)
-  # then bertjax.data.squad_answers.postprocess(examples, features, start_logits, ...)
+  # then bertjax.tasks.squad_answers.postprocess(examples, features, start_logits, ...)
 
 Each step follows google-research/bert's run_squad.py:
 - reading: the context is split on whitespace into words (char -> word map); a training answer's
@@ -20,7 +20,7 @@ Each step follows google-research/bert's run_squad.py:
   to max_seq_length. A training window that does not hold the whole answer, and every window of an
   impossible question, points at [CLS] (start = end = 0). A token in several windows has its
   "max context" in the one where min(left, right) context is largest (+ 0.01 * window length).
-- postprocessing (logits -> answers): bertjax.data.squad_answers.
+- postprocessing (logits -> answers): bertjax.tasks.squad_answers.
 """
 from __future__ import annotations
 

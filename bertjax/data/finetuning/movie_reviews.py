@@ -1,12 +1,12 @@
 """The bundled movie-review sentences, labelled by sentiment, as an SST-2-style fine-tuning set.
 
-  python -m bertjax.data.movie_reviews --output_dir=DIR          # DIR/SST-2/{train,dev}.tsv
+  python -m bertjax.data.finetuning.movie_reviews --output_dir=DIR          # DIR/SST-2/{train,dev}.tsv
   python -m bertjax.main --config=configs/glue.py --config.task=sst2 --config.data.glue_dir=DIR \
       --config.init_checkpoint=CKPT --workdir=RUN
 
 The sentences are the 10,605 Rotten Tomatoes snippets that Hutto & Gilbert (ICWSM 2014) had
 rated by at least 20 people each, from -4 (extremely negative) to 4 (extremely positive); the
-file ships in bertjax/data/movie_reviews/ with its MIT licence (CREDITS.md there says where it
+file ships in bertjax/data/finetuning/movie_reviews/ with its MIT licence (CREDITS.md there says where it
 comes from). Binarised by the sign of the mean rating (1: positive, 0: negative); the 37
 sentences rated exactly 0 are dropped, which leaves 10,568 (5,242 positive, 5,326 negative).
 
@@ -95,7 +95,7 @@ def write_sst2(output_dir: str, *, num_dev: int = NUM_DEV, num_train: int | None
 
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(
-      prog="python -m bertjax.data.movie_reviews",
+      prog="python -m bertjax.data.finetuning.movie_reviews",
       description="Write the bundled movie-review sentences as GLUE SST-2 files "
                   "(OUTPUT_DIR/SST-2/train.tsv and dev.tsv).")
   parser.add_argument("--output_dir", required=True, help="where SST-2/ is written")

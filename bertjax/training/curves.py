@@ -1,6 +1,6 @@
 """WORKDIR/curves.png: a run's training loss and its main metric against the steps.
 
-  python -m bertjax.curves WORKDIR     # redraws it from WORKDIR/metrics.jsonl
+  python -m bertjax.training.curves WORKDIR     # redraws it from WORKDIR/metrics.jsonl
 
 The left panel is the loss: the training loss of every logged step as a line, the held-out loss
 of every evaluation as marked points. The right panel is the task's main metric (`Task.main_metric`,
@@ -26,7 +26,7 @@ from typing import Any, Sequence
 from etils import epath
 
 from bertjax.errors import UserError
-from bertjax.metric_logs import METRICS_FILE
+from bertjax.training.metric_logs import METRICS_FILE
 
 CURVES_FILE = "curves.png"
 EVAL_RESULTS_FILE = "eval_results.json"
@@ -151,7 +151,7 @@ def draw(workdir: epath.PathLike, main_metric: str | None = None) -> epath.Path:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-  parser = argparse.ArgumentParser(prog="python -m bertjax.curves",
+  parser = argparse.ArgumentParser(prog="python -m bertjax.training.curves",
                                    description="Redraws WORKDIR/curves.png from its metrics.")
   parser.add_argument("workdir", help="the workdir of a run (pretraining or fine-tuning)")
   args = parser.parse_args(argv)

@@ -31,7 +31,7 @@ import numpy as np
 from etils import epath
 
 from bertjax import tokenization
-from bertjax.data.squad import Example, Features, detokenize
+from bertjax.data.finetuning.squad import Example, Features, detokenize
 from bertjax.tokenization import Tokenizer
 
 PREDICTIONS_FILE = "predictions.json"

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from bertjax.data import shards
+from bertjax.data.pretraining import shards
 from bertjax.errors import UserError
 
 TOKEN_KEYS = ("input_ids", "segment_ids", "input_mask")

@@ -7,7 +7,7 @@ WORKDIR/tensorboard as "train/NAME" or "eval/NAME". Only host 0 writes.
 Training lines hold the task's metrics averaged over the steps since the last line (clu
 `Average`s merged step by step, so a mean over masked positions stays exact), the learning rate
 of the last step, and the throughput of the interval: examples_per_second, tokens_per_second
-(padding included), model_flops_per_step (`bertjax.flops.model_flops` of the global batch),
+(padding included), model_flops_per_step (`bertjax.training.flops.model_flops` of the global batch),
 model_tflops_per_device (those per second per device) and, where the device's peak is known
 (`flops.peak_flops`; not on CPU), mfu.
 
@@ -30,7 +30,7 @@ import jax
 import tqdm
 from etils import epath
 
-from bertjax import flops
+from bertjax.training import flops
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"

@@ -1,12 +1,12 @@
 """The real-text demo: pretrain on the bundled corpus, fine-tune on real movie reviews.
 
-  python -m bertjax.real_text_demo --workdir=DIR [--pretrain_steps=2000] [--epochs=3]
+  python -m bertjax.tools.real_text_demo --workdir=DIR [--pretrain_steps=2000] [--epochs=3]
       [--learning_rate=3e-4] [--num_train=N] [--num_dev=1000]
 
 Runs bertjax's own commands (`python -m bertjax.main`, each in a subprocess, each printed before
 it runs) in DIR:
 
-1. the bundled movie-review sentences as SST-2 files (`bertjax.data.movie_reviews`: 9,568
+1. the bundled movie-review sentences as SST-2 files (`bertjax.data.finetuning.movie_reviews`: 9,568
    training and 1,000 dev sentences, labelled by the sign of their human rating) in
    DIR/movie_reviews;
 2. three pretrainings of the tiny BERT (`configs/tiny.py`) on the bundled corpus, the paper's
@@ -32,8 +32,8 @@ import subprocess
 import sys
 from typing import Sequence
 
-from bertjax import curves
-from bertjax.data import movie_reviews
+from bertjax.training import curves
+from bertjax.data.finetuning import movie_reviews
 
 RESULTS_FILE = "demo_results.json"
 FIGURE_FILE = "demo.png"
@@ -77,7 +77,7 @@ def run_command(args: Sequence[str]) -> None:
   command = [sys.executable, "-m", "bertjax.main", *args]
   print("$ python -m bertjax.main " + " ".join(args), flush=True)
   if subprocess.run(command, check=False).returncode:
-    raise SystemExit("bertjax.real_text_demo: the command above failed; fix it and rerun the "
+    raise SystemExit("bertjax.tools.real_text_demo: the command above failed; fix it and rerun the "
                      "same demo command (finished runs are kept).")
 
 
@@ -188,7 +188,7 @@ def run(args: argparse.Namespace) -> dict[str, dict]:
 
 def make_parser() -> argparse.ArgumentParser:
   """The command line of the module docstring."""
-  parser = argparse.ArgumentParser(prog="python -m bertjax.real_text_demo",
+  parser = argparse.ArgumentParser(prog="python -m bertjax.tools.real_text_demo",
                                    description=__doc__.split("\n\n")[0])
   parser.add_argument("--workdir", required=True, help="where every run goes")
   parser.add_argument("--pretrain_steps", type=int, default=2000,

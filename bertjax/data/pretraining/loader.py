@@ -45,8 +45,9 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from bertjax.data import packing, pipeline, prepare, shards
-from bertjax.data import pretraining_examples as pe
+from bertjax.data import pipeline, prepare
+from bertjax.data.pretraining import packing, shards
+from bertjax.data.pretraining import examples as pe
 from bertjax.errors import UserError
 
 BATCH_KEYS = pe.PAIR_KEYS + pe.MASK_KEYS + ("example_weight",)

@@ -19,7 +19,7 @@ The sync point is asked with a count of calls rather than the train step: all pr
 loop at the same step and call once per step, so counts and steps agree, and a signal that comes
 before the first call of a resumed run (while restoring or compiling) still stops it after its
 first step (jax's counter starts at 0 and the agreed point is the largest count + 1). Nothing else
-may ask the sync point with other numbers: `bertjax.checkpoint` keeps orbax from doing so.
+may ask the sync point with other numbers: `bertjax.training.checkpoint` keeps orbax from doing so.
 
 Usage (every process runs the same loop):
   with StopSignal() as stop_signal:
@@ -78,7 +78,7 @@ class StopSignal:
       if callable(replaced):
         raise RuntimeError(
             f"a Python SIGTERM handler ({replaced!r}) replaced the one jax.distributed installs "
-            "for its preemption sync; remove it (bertjax.preemption.StopSignal handles SIGTERM).")
+            "for its preemption sync; remove it (bertjax.training.preemption.StopSignal handles SIGTERM).")
     if threading.current_thread() is not threading.main_thread():
       return self  # signal handlers can only be set from the main thread
     handled = [signal.SIGINT] if self._multiprocess else [signal.SIGINT, signal.SIGTERM]

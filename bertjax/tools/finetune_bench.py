@@ -1,11 +1,11 @@
 """Fine-tuning speed, end to end: bertjax's command line against transformers, on real sentences.
 
-  python -m bertjax.finetune_bench [--num_train=3200] [--num_dev=800] [--size=small]
+  python -m bertjax.tools.finetune_bench [--num_train=3200] [--num_dev=800] [--size=small]
       [--num_layers=6] [--batch_size=32] [--eval_batch_size=64] [--max_seq_length=128]
       [--vocab_size=8000] [--packing=4] [--length_buckets=auto] [--peers=bertjax,transformers]
       [--workdir=DIR] [--json=OUT.json]
 
-The task is the bundled movie-review sentences (`bertjax.data.movie_reviews`, binarised by the
+The task is the bundled movie-review sentences (`bertjax.data.finetuning.movie_reviews`, binarised by the
 sign of their human rating; `--num_train` / `--num_dev` of its fixed split), one epoch at batch
 `--batch_size`, then the dev accuracy. Both peers start from the same weights and see the same
 token ids:
@@ -14,7 +14,7 @@ token ids:
   training sentences, a randomly initialised BERT (`bert_config(size, num_layers=...)`; speed
   does not depend on the weights) saved as a bertjax model directory, that directory exported to
   Hugging Face's format (`bertjax.convert`, `--to=hf`), and the token ids bertjax's GLUE reader
-  makes (`bertjax.data.glue.encode_examples`), written for the transformers peer.
+  makes (`bertjax.data.finetuning.glue.encode_examples`), written for the transformers peer.
 - bertjax: `python -m bertjax.main --config=configs/glue.py --config.task=sst2 ...` in a
   subprocess: the real command, with its start-up, data reading, compilation, checkpoint and
   evaluation; `--packing` and `--length_buckets` are its `data.packing` (sentences a row) and
@@ -47,9 +47,9 @@ import time
 
 import numpy as np
 
-from bertjax.data import movie_reviews
+from bertjax.data.finetuning import movie_reviews
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LEARNING_RATE = 2e-5  # configs/finetuning.py's recipe, which the transformers peer copies
 WARMUP_PROPORTION = 0.1
 WEIGHT_DECAY = 0.01
@@ -95,7 +95,7 @@ def prepare(directory: str, *, num_train: int, num_dev: int, size: str, num_laye
 
   from bertjax import model_files, tokenization
   from bertjax.convert import __main__ as convert
-  from bertjax.data import glue as glue_data
+  from bertjax.data.finetuning import glue as glue_data
   from bertjax.models import bert, heads
 
   glue_dir = movie_reviews.write_sst2(prepared.glue_dir, num_dev=num_dev,
@@ -143,7 +143,7 @@ def bertjax_command(prepared: Prepared, workdir: str, *, batch_size: int, eval_b
 def transformers_command(prepared: Prepared, *, batch_size: int, eval_batch_size: int,
                          seed: int = 0) -> list[str]:
   """The transformers peer's command: this module's `--peer=transformers` mode."""
-  return [sys.executable, "-m", "bertjax.finetune_bench", "--peer=transformers",
+  return [sys.executable, "-m", "bertjax.tools.finetune_bench", "--peer=transformers",
           f"--hf_dir={prepared.hf_dir}", f"--token_ids={prepared.token_ids}",
           f"--batch_size={batch_size}", f"--eval_batch_size={eval_batch_size}", f"--seed={seed}"]
 
@@ -278,7 +278,7 @@ def report(results: dict[str, object]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(prog="python -m bertjax.finetune_bench",
+  parser = argparse.ArgumentParser(prog="python -m bertjax.tools.finetune_bench",
                                    description=__doc__.split("\n\n")[0])
   parser.add_argument("--num_train", type=int, default=3200, help="training sentences")
   parser.add_argument("--num_dev", type=int, default=800, help="dev sentences scored")

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from bertjax.data import sources
-from bertjax.data.glue import truncated_lengths
+from bertjax.data.finetuning.glue import truncated_lengths
 from bertjax.errors import UserError
 from bertjax.tokenization import Tokenizer
 

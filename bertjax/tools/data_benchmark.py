@@ -2,7 +2,7 @@
 memory as the corpus grows, the loader's masked examples per second per core, and how well
 sequence packing fills rows.
 
-  python -m bertjax.data.benchmark --text_mb=100,1000 --workers=2 --dir=/tmp/bertjax_data_bench
+  python -m bertjax.tools.data_benchmark --text_mb=100,1000 --workers=2 --dir=/tmp/bertjax_data_bench
 
 For each size, the bundled corpus is repeated into DIR/text_NMB.txt, prepared with
 `bertjax.data.prepare` (vocabulary 8000, 128 and 512 tokens, dupe_factor 5, 16 MB text shards
@@ -24,8 +24,9 @@ import time
 
 import numpy as np
 
-from bertjax.data import loader, prepare, shards, sources
-from bertjax.data import pretraining_examples as pe
+from bertjax.data import prepare, sources
+from bertjax.data.pretraining import loader, shards
+from bertjax.data.pretraining import examples as pe
 
 _VOCAB = 8000
 

@@ -1,6 +1,6 @@
 """Benchmark of the pretraining train step: bertjax against Hugging Face transformers.
 
-  python -m bertjax.bench --size=tiny,mini,base --batch_size=32 --seq_len=128 \
+  python -m bertjax.tools.bench --size=tiny,mini,base --batch_size=32 --seq_len=128 \
       [--max_predictions=20] [--steps=20] [--warmup=3] [--dtype=float32|bfloat16] \
       [--peers=bertjax,torch,hf_flax] [--vocab_size=30522] [--json=OUT.json] \
       [--attention=auto|reference|xla|cudnn|splash] [--packing=K] [--remat=none|full|dots] \
@@ -11,7 +11,7 @@ kernels cannot apply; `auto` and `reference` keep the paper's 0.1, so `auto` is 
 einsum), `--packing=K` (each row holds K sequences of seq_len / K tokens, with their sequence
 ids, positions and one [CLS] and NSP label each, and the same max_predictions per row: the cost
 of the block-diagonal mask; the gain of packing, fewer padding tokens, depends on the data and
-is reported by `python -m bertjax.data.benchmark`), `--remat` and `--optimizer`. Every bertjax
+is reported by `python -m bertjax.tools.data_benchmark`), `--remat` and `--optimizer`. Every bertjax
 row also gives the compiled memory per device of its train step
 (`jit(step).lower(...).compile().memory_analysis()`: arguments + outputs - donated + temporaries,
 XLA's own plan, for any shape on any backend); `--memory_only` compiles without running, so the
@@ -21,7 +21,7 @@ The peers run on the same machine, in one process, on the same random batch (eve
 `max_predictions` masked positions per example), and do the whole step: forward with dropout 0.1,
 MLM + NSP loss, backward, clipping to global norm 1.0 and an AdamW update.
 
-- bertjax: the trainer's own step, `bertjax.train.build(config, task).train_step(state, batch)`
+- bertjax: the trainer's own step, `bertjax.training.train.build(config, task).train_step(state, batch)`
   (jitted, donated state) with configs/tiny.py's optimizer fields, the model of `--size`.
 - torch: `transformers.BertForPreTraining` in train mode, `torch.optim.AdamW(lr=1e-4,
   betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01)`, loss = MLM (labels -100 off the masked
@@ -48,7 +48,7 @@ Timing: each step is timed alone, blocked to completion (`jax.block_until_ready`
 and metrics; `torch.cuda.synchronize()` on a GPU), after `--warmup` untimed steps (which include
 compilation); the step time reported is the median of `--steps` steps.
 
-Model FLOPs per step (`bertjax.flops.model_flops`, the formula the trainer logs too) are the
+Model FLOPs per step (`bertjax.training.flops.model_flops`, the formula the trainer logs too) are the
 same for every peer, so the ratio is of useful work; they count the MLM head at the gathered
 positions only. HF's full-sequence logits do 6 * B * (S - P) * H * (V + H) more, which this count
 leaves out. MFU = model FLOPs / step time / the device's peak (dense, for the dtype), where known.
@@ -84,7 +84,7 @@ import jax  # pylint: disable=wrong-import-position
 import numpy as np  # pylint: disable=wrong-import-position
 
 from bertjax.errors import UserError  # pylint: disable=wrong-import-position
-from bertjax.flops import model_flops, peak_flops  # pylint: disable=wrong-import-position
+from bertjax.training.flops import model_flops, peak_flops  # pylint: disable=wrong-import-position
 from bertjax.models import bert  # pylint: disable=wrong-import-position
 
 PEERS = ("bertjax", "torch", "hf_flax")
@@ -105,7 +105,7 @@ def make_batch(vocab_size: int, batch_size: int, seq_len: int, max_predictions: 
 
   Args:
     packing: 0 for one sequence a row; K >= 1 packs K sequences of seq_len // K tokens into each
-      row (the last takes the remainder), as `bertjax.data.loader` lays packed rows out.
+      row (the last takes the remainder), as `bertjax.data.pretraining.loader` lays packed rows out.
   Returns:
     input_ids, segment_ids, input_mask [batch, seq] int32; masked_lm_positions, masked_lm_ids
     [batch, predictions] int32 and masked_lm_weights float32 (distinct sorted positions, none
@@ -270,7 +270,7 @@ def bench_bertjax(size: str, batch: dict[str, np.ndarray], vocab_size: int, dtyp
   platform, attention (the path it resolved to), compiled_memory (compiled_memory_bytes)}.
   With options.memory_only the step is compiled, not run, and step_times_s is empty."""
   # Imported here: the trainer pulls in orbax and tensorboardX, not needed for --peers=torch.
-  from bertjax import parallel, train  # pylint: disable=import-outside-toplevel
+  from bertjax.training import parallel, train  # pylint: disable=import-outside-toplevel
   from bertjax.models import heads  # pylint: disable=import-outside-toplevel
   from bertjax.tasks import pretraining  # pylint: disable=import-outside-toplevel
   batch_size, seq_len = batch["input_ids"].shape
@@ -466,7 +466,7 @@ def bench_torch(config: bert.BertConfig, batch: dict[str, np.ndarray], dtype: st
 def _check_options(options: BertjaxOptions, peers: Sequence[str], seq_len: int,
                    max_predictions: int) -> None:
   """Raises UserError naming the first of bertjax's own flags that cannot work."""
-  from bertjax import optim  # pylint: disable=import-outside-toplevel
+  from bertjax.training import optim  # pylint: disable=import-outside-toplevel
   for flag, value, allowed in (("attention", options.attention, bert.ATTENTIONS),
                                ("remat", options.remat, bert.REMATS),
                                ("optimizer", options.optimizer, optim.OPTIMIZERS)):
@@ -640,7 +640,7 @@ def _csv(text: str) -> list[str]:
 
 
 def _parser() -> argparse.ArgumentParser:
-  parser = argparse.ArgumentParser(prog="python -m bertjax.bench", description=__doc__,
+  parser = argparse.ArgumentParser(prog="python -m bertjax.tools.bench", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--size", default="tiny", help="comma-separated BERT sizes")
   parser.add_argument("--peers", default=None, help=(
@@ -678,7 +678,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
                warmup=args.warmup, dtype=args.dtype, vocab_size=args.vocab_size,
                options=options)
   except UserError as e:
-    print(f"bertjax.bench: error: {e}", file=sys.stderr)
+    print(f"bertjax.tools.bench: error: {e}", file=sys.stderr)
     sys.exit(2)
   print(format_memory_table(rows) if args.memory_only else format_table(rows))
   if args.json:

@@ -235,7 +235,7 @@ class _Manager(ocp.CheckpointManager):
   asynchronous save, from its finalize thread, while the train loop is already steps further.
   Each call sets the process's counter in jax's sync protocol, so a SIGTERM that comes just
   then makes the processes agree on a point that is already behind, and they never stop (or
-  one skips it and the others wait in the save). `bertjax.preemption.StopSignal` is the only
+  one skips it and the others wait in the save). `bertjax.training.preemption.StopSignal` is the only
   caller of the sync point.
   """
 
@@ -285,7 +285,7 @@ class Checkpoints:
     self._closed = False
     _install_quiet_failures()
     # Save at multiples of save_every_steps; unlike orbax's default, not also at the first step
-    # seen. A preemption is a forced save at the step bertjax.preemption agreed on.
+    # seen. A preemption is a forced save at the step bertjax.training.preemption agreed on.
     options = ocp.CheckpointManagerOptions(
         save_decision_policy=ocp.checkpoint_managers.FixedIntervalPolicy(save_every_steps),
         max_to_keep=keep, create=False, enable_async_checkpointing=async_save)

@@ -1,7 +1,7 @@
 """Fine-tuning's model selection as the paper makes it (section 4): one run per learning rate and
 seed, the best picked on dev by the task's main metric.
 
-  python -m bertjax.sweep --config=configs/glue.py --config.task=rte \
+  python -m bertjax.tools.sweep --config=configs/glue.py --config.task=rte \
       --learning_rates=5e-5,4e-5,3e-5,2e-5 --seeds=0,1,2 --workdir=DIR [--config.KEY=VALUE ...]
 
 Each combination is the run `python -m bertjax.main` makes with the same flags plus
@@ -46,7 +46,8 @@ import ml_collections
 import numpy as np
 from absl import app, flags, logging
 
-from bertjax import checkpoint, curves, parallel, tasks, workdir
+from bertjax import tasks, workdir
+from bertjax.training import checkpoint, curves, parallel
 from bertjax import main as bertjax_main
 from bertjax.errors import UserError
 
@@ -274,7 +275,7 @@ def sweep(config: ml_collections.ConfigDict, directory: str, learning_rates: Seq
       (named with the run).
   """
   if config.task not in tasks.FINETUNING:
-    raise UserError(f"bertjax.sweep fine-tunes, and config.task={config.task!r} is not a "
+    raise UserError(f"bertjax.tools.sweep fine-tunes, and config.task={config.task!r} is not a "
                     f"fine-tuning task; give a fine-tuning config (configs/glue.py, ner.py, "
                     f"squad.py, swag.py) or --config.task among {sorted(tasks.FINETUNING)}.")
   grid = [(rate, seed, run_config(config, rate, seed)) for rate in learning_rates

@@ -19,7 +19,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 import jax
 import numpy as np
 
-from bertjax import parallel
+from bertjax.training import parallel
 
 Batch = Mapping[str, Any]  # {key: [batch, ...]} numpy (per host) or jax.Array (global)
 
