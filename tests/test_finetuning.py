@@ -135,19 +135,40 @@ def test_a_task_from_a_spec_trains(model_dir, animal_data, tmp_path):
 
 def test_user_set_steps_and_warmup_are_kept():
   config = finetuning_config.get_config()
-  finetuning.set_schedule(config, steps_per_epoch=10)
+  ten_batches = 10 * config.train.batch_size
+  assert finetuning.set_schedule(config, num_examples=ten_batches) == 10
   assert (config.train.num_train_steps, config.train.warmup_steps) == (30, 3)
   assert config.train.eval_every_steps == config.train.checkpoint_every_steps == 10
   config = finetuning_config.get_config()
   config.train.num_train_steps, config.train.warmup_steps = 7, 0
   config.train.eval_every_steps = 5
-  finetuning.set_schedule(config, steps_per_epoch=10)
+  finetuning.set_schedule(config, num_examples=ten_batches)
   assert (config.train.num_train_steps, config.train.warmup_steps) == (7, 0)
   assert config.train.eval_every_steps == 5
   config = finetuning_config.get_config()
   config.train.num_train_steps = 50  # warmup left at -1: 10% of the steps the user set
-  finetuning.set_schedule(config, steps_per_epoch=10)
+  finetuning.set_schedule(config, num_examples=ten_batches)
   assert (config.train.num_train_steps, config.train.warmup_steps) == (50, 5)
+
+
+@pytest.mark.parametrize("num_examples, epochs, steps, per_epoch", [
+    (3668, 3.0, 343, 114),  # MRPC: run_classifier.py's int(3668 / 32 * 3); not 3 * 114 = 342
+    (2490, 3.0, 233, 77),  # RTE: int(2490 / 32 * 3); not 3 * 77 = 231
+    (320, 3.0, 30, 10),  # whole batches: the same either way
+    (87599, 2.0, 5474, 2737),  # SQuAD v1.1's questions at 32, run_squad's configs/squad.py
+    (100, 0.1, 1, 3),  # at least one step
+])
+def test_steps_follow_google_research_bert(num_examples, epochs, steps, per_epoch):
+  """num_train_steps = int(N / B * epochs), as run_classifier.py and run_squad.py count them
+  (the partial batch of each epoch counts towards them), whatever the task: GLUE, SWAG and NER
+  give N = their training rows, SQuAD its questions (Data.examples_per_epoch), all through
+  set_schedule."""
+  config = finetuning_config.get_config()
+  config.train.batch_size, config.train.num_train_epochs = 32, epochs
+  assert finetuning.set_schedule(config, num_examples) == per_epoch
+  assert config.train.num_train_steps == steps
+  assert config.train.warmup_steps == int(config.train.warmup_proportion * steps)
+  assert config.train.eval_every_steps == config.train.checkpoint_every_steps == per_epoch
 
 
 # ---- length buckets ---------------------------------------------------------------------------

@@ -286,20 +286,33 @@ def full_length(predictions: Mapping[str, jax.Array], input_mask_shape: tuple[in
   return {name: pad(x) for name, x in predictions.items()}
 
 
-def set_schedule(config: ml_collections.ConfigDict, steps_per_epoch: int) -> None:
+def set_schedule(config: ml_collections.ConfigDict, num_examples: int) -> int:
   """Derives what the config leaves at -1: train.num_train_steps from num_train_epochs,
   warmup_steps from warmup_proportion, eval/checkpoint intervals as one epoch (the written
-  config.json shows them). Values the user set are kept."""
+  config.json shows them). Values the user set are kept.
+
+  The steps are google-research/bert's: `int(num_examples / batch_size * num_train_epochs)`
+  (run_classifier.py and run_squad.py), so the last epoch's partial batch counts towards them
+  (MRPC, 3,668 examples at batch 32 for 3 epochs: 343 steps; RTE, 2,490: 233), at least 1.
+
+  Args:
+    config: the run's config; its train fields are set in place.
+    num_examples: the examples of one epoch (SQuAD: questions, not windows).
+  Returns:
+    The steps of one epoch: whole global batches, num_examples // batch_size (at least 1).
+  """
   tr = config.train
+  steps_per_epoch = max(1, num_examples // tr.batch_size)
   with config.unlocked():
     if tr.num_train_steps < 0:
-      tr.num_train_steps = max(1, math.ceil(tr.num_train_epochs * steps_per_epoch))
+      tr.num_train_steps = max(1, int(num_examples / tr.batch_size * tr.num_train_epochs))
     if tr.warmup_steps < 0:
       tr.warmup_steps = int(tr.warmup_proportion * tr.num_train_steps)
     if tr.eval_every_steps < 1:
       tr.eval_every_steps = steps_per_epoch
     if tr.checkpoint_every_steps < 1:
       tr.checkpoint_every_steps = steps_per_epoch
+  return steps_per_epoch
 
 
 def model_of(spec: Spec, config: ml_collections.ConfigDict, bert_config: BertConfig,
@@ -330,10 +343,8 @@ def make_task(spec: Spec, config: ml_collections.ConfigDict, workdir: str) -> tr
                                   examples_a_row=k)
   eval_batches = feature_batches(config, data.eval, training=False, buckets=buckets,
                                  examples_a_row=k)
-  steps_per_epoch = train_batches.steps_per_epoch
-  if data.examples_per_epoch is not None:
-    steps_per_epoch = max(1, data.examples_per_epoch // config.train.batch_size)
-  set_schedule(config, steps_per_epoch)
+  steps_per_epoch = set_schedule(config, train_batches.num_examples
+                                 if data.examples_per_epoch is None else data.examples_per_epoch)
   predict_sets = {name: feature_batches(config, features, training=False, buckets=buckets,
                                        examples_a_row=k).eval_batches
                   for name, features in data.predict.items()}
