@@ -13,7 +13,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from bertjax import configs, tasks, workdir
-from bertjax.training import parallel
+from bertjax.training import distributed
 from bertjax.errors import UserError
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -146,7 +146,7 @@ def parsed_config(argv: list[str]) -> ml_collections.ConfigDict:
 
 def run_task(config: ml_collections.ConfigDict, directory: str):
   """Runs the config's task in `directory`, held for the run (`bertjax.workdir`: one run at a
-  time); returns what the task returns. Call `parallel.maybe_initialize_distributed` first.
+  time); returns what the task returns. Call `distributed.maybe_initialize_distributed` first.
 
   Raises:
     UserError: bad input of any kind.
@@ -159,7 +159,7 @@ def main(argv: list[str]) -> None:
   config = parsed_config(argv)
   directory = os.path.abspath(os.path.expanduser(_WORKDIR.value))
   try:
-    parallel.maybe_initialize_distributed()
+    distributed.maybe_initialize_distributed()
     run_task(config, directory)
   except UserError as e:
     fail(str(e))

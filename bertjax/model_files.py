@@ -4,7 +4,8 @@
                          JSON; vocab_size is the real vocabulary, pad_vocab_to_multiple gives
                          the rows of the saved embedding table and MLM bias, causal whether the
                          model attends left to right only (a file without it: false)
-  DIR/checkpoints/       orbax checkpoints (bertjax.training.checkpoint); `params` holds the weights
+  DIR/checkpoints/       orbax checkpoints (bertjax.training.checkpoint); `params` holds the
+                         weights that `bertjax.training.init_params` loads
   DIR/vocab.txt or DIR/vocab.model, DIR/tokenizer_config.json, ...   the tokenizer
 
 A pretraining or fine-tuning workdir is one, and so is what `python -m bertjax.convert` writes;
@@ -22,9 +23,9 @@ import jax
 import jax.numpy as jnp
 
 from bertjax import tokenization
-from bertjax.training import checkpoint
 from bertjax.errors import UserError
-from bertjax.models.bert import BertConfig
+from bertjax.models.config import BertConfig
+from bertjax.training import checkpoint
 
 BERT_CONFIG_FILE = "bert_config.json"
 # Tokenizer files a model directory may hold (Google's, Hugging Face's and sentencepiece's names).
@@ -49,7 +50,7 @@ def load_bert_config(directory: str) -> BertConfig:
 
   RUN_CHOICES found there are ignored (BertConfig's defaults; the run sets its own). A file
   without pad_vocab_to_multiple (written before bertjax padded the vocabulary) gets BertConfig's
-  default; `checkpoint.load_params(..., vocab_size=...)` pads its unpadded weights on load.
+  default; `init_params.load_params(..., vocab_size=...)` pads its unpadded weights on load.
   """
   path = os.path.join(directory, BERT_CONFIG_FILE)
   if not os.path.isfile(path):
@@ -105,8 +106,9 @@ def save_model_dir(out_dir: str, params: dict[str, Any], config: BertConfig,
                    tokenizer_paths: Iterable[str] = ()) -> None:
   """Writes a model directory that `config.init_checkpoint=OUT` can start from.
 
-  OUT/checkpoints/0/state: {'step': int32 0, 'params': params} (bertjax.training.checkpoint.Checkpoints);
-  OUT/bert_config.json: the BertConfig fields; and each of `tokenizer_paths` copied into OUT.
+  OUT/checkpoints/0/state: {'step': int32 0, 'params': params}
+  (bertjax.training.checkpoint.Checkpoints); OUT/bert_config.json: the BertConfig fields; and each
+  of `tokenizer_paths` copied into OUT.
   """
   os.makedirs(out_dir, exist_ok=True)
   state = {"step": jnp.asarray(0, jnp.int32), "params": jax.tree.map(jnp.asarray, params)}

@@ -309,7 +309,7 @@ def _from_process_0(message: str) -> str:
 def held(workdir: str) -> Iterator[None]:
   """Holds `workdir` for the run inside: process 0 takes WORKDIR/.lock, every process of a
   multi-host job learns the outcome. Call it on every process, after
-  `parallel.maybe_initialize_distributed`.
+  `distributed.maybe_initialize_distributed`.
 
   Raises:
     UserError (on every process): the workdir cannot be used, or another run holds it.

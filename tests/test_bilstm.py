@@ -21,10 +21,11 @@ import test_ner
 import test_squad
 import test_swag
 from bertjax import model_files
-from bertjax.training import checkpoint, parallel, train
+from bertjax.training import init_params, parallel, train
 from bertjax.convert import hf
 from bertjax.errors import UserError
 from bertjax.models import bert, bilstm, heads
+from bertjax.models.config import BertConfig
 from bertjax.tasks import FINETUNING, finetuning
 
 
@@ -83,7 +84,7 @@ def test_bilstm_matches_a_numpy_lstm_within_each_rows_length():
 
 class _OnTop(nn.Module):
   """The encoder and `bilstm.on_top`, as the heads call them (their parameter names)."""
-  config: bert.BertConfig
+  config: BertConfig
 
   @nn.compact
   def __call__(self, input_ids, input_mask):
@@ -96,8 +97,8 @@ def test_outputs_at_real_tokens_do_not_depend_on_padding():
   """A 5-token row alone, then padded to 9 with other tokens behind it: the same BiLSTM outputs
   at its 5 tokens and the same pooled output (its forward state at token 4, its backward
   state at token 0), through `on_top` over a real encoder."""
-  config = bert.BertConfig(vocab_size=40, hidden_size=16, num_layers=1, num_heads=2,
-                           intermediate_size=32, max_position_embeddings=16)
+  config = BertConfig(vocab_size=40, hidden_size=16, num_layers=1, num_heads=2,
+                      intermediate_size=32, max_position_embeddings=16)
   model = heads.BertForTokenClassification(config, 3, bilstm_on_top=True)
   ids = np.array([[2, 7, 8, 9, 3]], np.int32)
   padded = np.array([[2, 7, 8, 9, 3, 11, 12, 13, 14]], np.int32)
@@ -194,7 +195,7 @@ def test_bilstm_on_top_trains_every_head_kind(kind, model_dir, data_dir, tmp_pat
   batch = parallel.global_batch(first, setup.mesh)
   fresh = random_params(task.model, *(first[k] for k in task.model.batch_keys),
                         deterministic=True, scale=0.1)
-  params, report = checkpoint.load_params(model_dir, fresh,
+  params, report = init_params.load_params(model_dir, fresh,
                                           vocab_size=task.model.config.vocab_size)
   assert sorted(params) == ["bert", "bilstm", HEAD_KINDS[kind]]
   assert "pooler" not in params["bert"]
@@ -225,9 +226,9 @@ def test_bilstm_on_top_refuses_packing_and_hf_export(model_dir, data_dir, tmp_pa
                              model=lambda bert_config, data: heads.BertForPreTraining(bert_config))
   with pytest.raises(UserError, match=r"\(BertForPreTraining\) takes no BiLSTM on top; set "
                                       "--config.model.bilstm_on_top=false"):
-    finetuning.model_of(spec, config, bert.BertConfig(), None)
+    finetuning.model_of(spec, config, BertConfig(), None)
   assert not os.listdir(tmp_path)
-  model = heads.BertForSequenceClassification(bert.BertConfig(
+  model = heads.BertForSequenceClassification(BertConfig(
       vocab_size=40, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32), 2,
                                                bilstm_on_top=True)
   ids = np.ones((1, 8), np.int32)

@@ -21,11 +21,12 @@ from flax import traverse_util
 from safetensors.numpy import load_file, save_file
 
 from bertjax import model_files
-from bertjax.training import checkpoint
+from bertjax.training import init_params
 from bertjax.convert import __main__ as cli
-from bertjax.convert import hf, hf_files
+from bertjax.convert import hf, hf_files, hf_rules
 from bertjax.errors import UserError
 from bertjax.models import bert, heads
+from bertjax.models.config import BertConfig
 
 ATOL = 1e-5
 VOCAB = 99
@@ -283,7 +284,7 @@ def test_task_model_round_trips_through_the_cli(tmp_path, hf_cls, num_labels, cl
     np.testing.assert_array_equal(back[name], state[name], err_msg=name)
   reloaded, info = hf_cls.from_pretrained(str(tmp_path / "back"), output_loading_info=True)
   assert not info["missing_keys"] and not info["unexpected_keys"]
-  if hf.TASK_HEADS[hf_cls.__name__].labelled:
+  if hf_rules.TASK_HEADS[hf_cls.__name__].labelled:
     assert reloaded.config.num_labels == num_labels
   ids, _, mask = (torch.tensor(x[None] if head == "multiple_choice" else x) for x in _batch())
   with torch.no_grad():
@@ -396,8 +397,8 @@ def test_round_trip_hf_bertjax_hf(pretraining):
 
 
 def test_round_trip_bertjax_hf_bertjax():
-  config = bert.BertConfig(vocab_size=VOCAB, hidden_size=32, num_layers=3, num_heads=4,
-                           intermediate_size=37, max_position_embeddings=64)
+  config = BertConfig(vocab_size=VOCAB, hidden_size=32, num_layers=3, num_heads=4,
+                      intermediate_size=37, max_position_embeddings=64)
   params = _fresh_params(config, seed=7)
   tensors = hf.to_hf(params, config)
   assert "cls.predictions.decoder.weight" not in tensors  # tied
@@ -454,7 +455,7 @@ def test_odd_vocab_round_trips_through_the_cli(tmp_path, odd_vocab):
   cli.from_hf_dir(directory, str(out))
   saved = json.loads((out / "bert_config.json").read_text())
   assert (saved["vocab_size"], saved["pad_vocab_to_multiple"]) == (ODD_VOCAB, 128)
-  shapes = checkpoint.saved_param_shapes(str(out))
+  shapes = init_params.saved_param_shapes(str(out))
   assert shapes["bert/embeddings/word_embeddings/embedding"] == (1024, 32)
   assert shapes["masked_lm/output_bias"] == (1024,)
   assert cli.to_hf_dir(str(out), str(back)) == "BertForPreTraining"
@@ -492,9 +493,9 @@ def test_bert_config_json_keeps_the_model_not_the_run(tmp_path):
   """bert_config.json records pad_vocab_to_multiple (it shapes the weights) but not attention
   or remat (how a run computes); reading ignores those, and a file without the pad multiple
   (Google's fields, an older bertjax) gets BertConfig's default."""
-  config = bert.BertConfig(vocab_size=ODD_VOCAB, hidden_size=32, num_layers=2, num_heads=4,
-                           intermediate_size=37, attention="xla", attention_dropout_rate=0.0,
-                           remat="full", pad_vocab_to_multiple=64)
+  config = BertConfig(vocab_size=ODD_VOCAB, hidden_size=32, num_layers=2, num_heads=4,
+                      intermediate_size=37, attention="xla", attention_dropout_rate=0.0,
+                      remat="full", pad_vocab_to_multiple=64)
   written = json.loads(model_files.bert_config_json(config))
   assert "attention" not in written and "remat" not in written
   assert (written["vocab_size"], written["pad_vocab_to_multiple"]) == (ODD_VOCAB, 64)
@@ -508,10 +509,10 @@ def test_bert_config_json_keeps_the_model_not_the_run(tmp_path):
 
 
 def test_every_bertjax_parameter_has_a_rule():
-  config = bert.BertConfig(vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=4,
-                           intermediate_size=37, max_position_embeddings=64)
+  config = BertConfig(vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=4,
+                      intermediate_size=37, max_position_embeddings=64)
   assert len(hf.to_hf(_fresh_params(config), config)) == len(hf.expected_shapes(config))
-  for task, head in hf.TASK_HEADS.items():
+  for task, head in hf_rules.TASK_HEADS.items():
     ids = jnp.zeros((1, 2, 4) if head.choices else (1, 4), jnp.int32)
     variables = head.model(config, 3).init(jax.random.PRNGKey(0), ids, ids, ids,
                                            deterministic=True)
@@ -612,7 +613,7 @@ def test_cli_from_hf_then_load_params_then_to_hf(tmp_path, pretraining, capsys):
   config = model_files.load_bert_config(str(out))
   assert config == hf_files.hf_config_to_bert_config(hf_files.load_hf_config(directory))
   converted, _ = hf.from_hf(hf_files.load_hf_state_dict(directory), config)
-  loaded, report = checkpoint.load_params(str(out), jax.tree.map(jnp.asarray,
+  loaded, report = init_params.load_params(str(out), jax.tree.map(jnp.asarray,
                                                                  _fresh_params(config)))
   assert report.missing == [] and report.unused == []
   _assert_trees_equal(loaded, converted)
@@ -636,7 +637,7 @@ def test_masked_lm_checkpoint_loads_with_fresh_nsp_and_pooler(tmp_path):
   cli.from_hf_dir(directory, str(tmp_path / "out"))
   config = model_files.load_bert_config(str(tmp_path / "out"))
   fresh = jax.tree.map(jnp.asarray, _fresh_params(config))
-  loaded, report = checkpoint.load_params(str(tmp_path / "out"), fresh)
+  loaded, report = init_params.load_params(str(tmp_path / "out"), fresh)
   assert report.missing == ["bert/pooler/dense/bias", "bert/pooler/dense/kernel",
                             "next_sentence/classifier/bias", "next_sentence/classifier/kernel"]
   np.testing.assert_array_equal(loaded["next_sentence"]["classifier"]["kernel"],

@@ -1,4 +1,4 @@
-"""Tests of joining a multi-process job (bertjax.training.parallel) and stopping it together
+"""Tests of joining a multi-process job (bertjax.training.distributed) and stopping it together
 (bertjax.training.preemption): the environment's reading without starting anything, then real jobs of two
 CPU processes with two devices each, started through JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and
 JAX_PROCESS_ID, stopped by a signal to one of them, saving a sharded state and restoring it."""
@@ -13,8 +13,8 @@ import time
 import jax
 import pytest
 
-from bertjax.training import parallel, preemption
 from bertjax.errors import UserError
+from bertjax.training import distributed, preemption
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _ADDRESS = "10.0.0.1:8476"
@@ -50,7 +50,7 @@ _SLURM = {"SLURM_JOB_ID": "77", "SLURM_STEP_NODELIST": "node[001-004]", "SLURM_N
      {"coordinator_address": _ADDRESS, "num_processes": 2, "process_id": 1}),
 ])
 def test_init_args(environ, expected):
-  assert parallel.distributed_init_args(environ) == expected
+  assert distributed.distributed_init_args(environ) == expected
 
 
 @pytest.mark.parametrize("environ, named", [
@@ -74,7 +74,7 @@ def test_init_args(environ, expected):
 ])
 def test_init_args_bad_or_partial(environ, named):
   with pytest.raises(UserError, match=named) as raised:
-    parallel.distributed_init_args(environ)
+    distributed.distributed_init_args(environ)
   assert "JAX_COORDINATOR_ADDRESS" in str(raised.value)  # every message says what to set
 
 
@@ -96,9 +96,9 @@ def _env(**variables) -> dict[str, str]:
 def test_address_alone_outside_a_cluster_is_user_error():
   """What jax 0.10.2 makes of JAX_COORDINATOR_ADDRESS alone ('Number of processes must be
   defined') becomes a UserError that names the other two variables."""
-  script = ("from bertjax import parallel\n"
+  script = ("from bertjax.training import distributed\n"
             "from bertjax.errors import UserError\n"
-            "try:\n  parallel.maybe_initialize_distributed()\n"
+            "try:\n  distributed.maybe_initialize_distributed()\n"
             "except UserError as e:\n  print('UserError:', e)\n")
   result = subprocess.run(
       [sys.executable, "-c", script], cwd=_REPO, capture_output=True, text=True, timeout=60,
@@ -143,10 +143,10 @@ import json, os, sys, time
 import jax, jax.numpy as jnp, numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
-from bertjax.training import checkpoint, parallel, preemption
+from bertjax.training import checkpoint, distributed, parallel, preemption
 
 phase, workdir = sys.argv[1], sys.argv[2]
-parallel.maybe_initialize_distributed()
+distributed.maybe_initialize_distributed()
 pid = jax.process_index()
 result = {"process_count": jax.process_count(), "device_count": jax.device_count(),
           "collectives": jax.config.jax_cpu_collectives_implementation}

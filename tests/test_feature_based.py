@@ -24,18 +24,19 @@ from flax import traverse_util
 
 import test_ner
 from bertjax import model_files
-from bertjax.training import checkpoint, optim
+from bertjax.training import init_params, optim
 from bertjax import tasks
 from bertjax.errors import UserError
 from bertjax.models import bert, bilstm, feature_based, heads
+from bertjax.models.config import BertConfig
 from bertjax.tasks import finetuning, ner
 from test_bilstm import random_params
 from test_ner import conll_dir  # noqa: F401  pylint: disable=unused-import  (the fixture)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = bert.BertConfig(vocab_size=40, hidden_size=8, num_layers=5, num_heads=2,
-                       intermediate_size=16, max_position_embeddings=16, dropout_rate=0.5,
-                       attention_dropout_rate=0.5)
+TINY = BertConfig(vocab_size=40, hidden_size=8, num_layers=5, num_heads=2,
+                  intermediate_size=16, max_position_embeddings=16, dropout_rate=0.5,
+                  attention_dropout_rate=0.5)
 
 
 def test_layer_indices_are_table_7s_rows():
@@ -203,8 +204,8 @@ def model_dir(tmp_path_factory):
   directory = tmp_path_factory.mktemp("model4")
   vocab_file = directory / "vocab.txt"
   vocab_file.write_text("".join(t + "\n" for t in test_ner.VOCAB))
-  config = bert.BertConfig(vocab_size=len(test_ner.VOCAB), hidden_size=32, num_layers=4,
-                           num_heads=2, intermediate_size=64, max_position_embeddings=64)
+  config = BertConfig(vocab_size=len(test_ner.VOCAB), hidden_size=32, num_layers=4,
+                      num_heads=2, intermediate_size=64, max_position_embeddings=64)
   ids = np.zeros((1, 4), np.int32)
   params = heads.BertForPreTraining(config).init(jax.random.PRNGKey(0), ids, ids, ids,
                                                  deterministic=True)["params"]
@@ -260,22 +261,22 @@ def test_feature_based_ner_learns_with_the_encoder_unchanged(model_dir, conll_di
   assert (workdir / ner.EVAL_PREDICTIONS_FILE).is_file()
 
   pretrained = traverse_util.flatten_dict(
-      checkpoint.load_params(model_dir, {"bert": _zeros_of(model_dir)})[0], sep="/")
-  trained, report = checkpoint.load_params(str(workdir), traverse_util.unflatten_dict(
+      init_params.load_params(model_dir, {"bert": _zeros_of(model_dir)})[0], sep="/")
+  trained, report = init_params.load_params(str(workdir), traverse_util.unflatten_dict(
       {p: jnp.zeros_like(x) for p, x in pretrained.items()}, sep="/"))
   trained = traverse_util.flatten_dict(trained, sep="/")
   assert sorted(report.missing) == sorted(p for p in pretrained if "/pooler/" in p)
   assert len(report.loaded) > 30
   for path in report.loaded:
     np.testing.assert_array_equal(trained[path], pretrained[path], err_msg=path)
-  saved = checkpoint.saved_param_shapes(str(workdir))
+  saved = init_params.saved_param_shapes(str(workdir))
   assert {p.split("/")[0] for p in saved} == {"bert", "bilstm", "token_tagging"}
   assert saved["bilstm/layer_0/forward/ii/kernel"] == (4 * 32, 64)  # the last four, 4 H wide
 
 
 def _zeros_of(model_dir):
   """Zeros shaped as the encoder ('bert') saved in model_dir."""
-  shapes = {p[len("bert/"):]: s for p, s in checkpoint.saved_param_shapes(model_dir).items()
+  shapes = {p[len("bert/"):]: s for p, s in init_params.saved_param_shapes(model_dir).items()
             if p.startswith("bert/")}
   return traverse_util.unflatten_dict({p: jnp.zeros(s) for p, s in shapes.items()}, sep="/")
 
@@ -298,7 +299,7 @@ def test_feature_based_refusals(model_dir, conll_dir, tmp_path):
       {}, ["O", "B-PER", "I-PER"], "concat_last_four", 64))
   with pytest.raises(UserError, match="concat_last_four needs a model of at least 4 layers; this "
                                       "one has 2. Choose another combination"):
-    ner.model(bert.BertConfig(num_layers=2), two_layers)
+    ner.model(BertConfig(num_layers=2), two_layers)
   with pytest.raises(UserError, match="configs/ner.py takes feature_based"):
     _config(model_dir, conll_dir, arg="features")
 

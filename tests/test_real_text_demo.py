@@ -14,8 +14,8 @@ import pytest
 
 from bertjax import model_files
 from bertjax.tools import real_text_demo
-from bertjax.training import checkpoint
-from bertjax.models import bert
+from bertjax.training import init_params
+from bertjax.models.config import BertConfig
 
 
 def _finished_run(args, curves):
@@ -30,9 +30,9 @@ def _finished_run(args, curves):
   with open(os.path.join(workdir, "eval_results.json"), "w", encoding="utf-8") as f:
     json.dump(results, f)
   if name == "pretrain_full":  # the model the random init copies
-    config = bert.BertConfig(vocab_size=40, hidden_size=16, num_layers=1,
-                             num_heads=2, intermediate_size=32,
-                             max_position_embeddings=32)
+    config = BertConfig(vocab_size=40, hidden_size=16, num_layers=1,
+                        num_heads=2, intermediate_size=32,
+                        max_position_embeddings=32)
     with open(os.path.join(workdir, model_files.BERT_CONFIG_FILE), "w", encoding="utf-8") as f:
       f.write(model_files.bert_config_json(config))
     with open(os.path.join(workdir, "vocab.txt"), "w", encoding="utf-8") as f:
@@ -90,7 +90,7 @@ def test_the_random_init_has_the_pretrained_model_shape_and_vocabulary_but_fresh
   real_text_demo.make_random_init(str(pretrained), str(out))
   assert model_files.load_bert_config(str(out)) == model_files.load_bert_config(str(pretrained))
   assert (out / "vocab.txt").read_text() == (pretrained / "vocab.txt").read_text()
-  params = checkpoint.load_params(str(out), _abstract_params(out))[0]
+  params = init_params.load_params(str(out), _abstract_params(out))[0]
   table = np.asarray(params["bert"]["embeddings"]["word_embeddings"]["embedding"])
   assert table.shape[1] == 16 and 0.01 < table[:40].std() < 0.03  # BERT's init: N(0, 0.02)
 

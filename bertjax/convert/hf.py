@@ -16,8 +16,8 @@ What is converted (`from_hf`):
   - the pooler, the masked-LM head (`cls.predictions.*`) and the next-sentence head
     (`cls.seq_relationship.*`) when the checkpoint has them. Each of these groups must be whole
     or absent; an absent group is reported `missing` and left out of the parameters, so that
-    `bertjax.training.checkpoint.load_params` leaves it freshly initialised (BertForMaskedLM has no pooler
-    and no NSP head; BertModel has no heads).
+    `bertjax.training.init_params.load_params` leaves it freshly initialised (BertForMaskedLM has no
+    pooler and no NSP head; BertModel has no heads).
   - the MLM decoder is tied to the word embeddings in bertjax; a checkpoint that stores
     `cls.predictions.decoder.weight` (older ones do) must hold a copy of the word embeddings
     (checked, then ignored), and `cls.predictions.decoder.bias` a copy of
@@ -53,7 +53,7 @@ import numpy as np
 from flax import traverse_util
 
 from bertjax import model_files
-from bertjax.training import checkpoint
+from bertjax.training import init_params
 from bertjax.errors import UserError
 from bertjax.models import bilstm, heads
 from bertjax.models.bert import BertConfig
@@ -215,7 +215,7 @@ def expected_shapes(config: BertConfig, task: str | None = None,
                     num_labels: int = 2) -> dict[str, tuple[int, ...]]:
   """{path: shape} of every parameter of bertjax's BertForPreTraining, plus those of the head of
   `task` (an architecture in TASK_HEADS) with `num_labels` when given (no arrays built). The
-  vocabulary-axis parameters (checkpoint.VOCAB_ROW_PARAMS) have padded_vocab_size rows."""
+  vocabulary-axis parameters (init_params.VOCAB_ROW_PARAMS) have padded_vocab_size rows."""
   shapes = _shapes(heads.BertForPreTraining(config), jnp.zeros((1, 2), jnp.int32))
   if task:
     head = TASK_HEADS[task]
@@ -232,7 +232,7 @@ def _group(path: str, task: str | None) -> str:
 def _hf_shape(path: str, shape: tuple[int, ...], config: BertConfig) -> tuple[int, ...]:
   """The shape that a bertjax parameter of `shape` has in Hugging Face's layout, before the
   transpose: the vocabulary-axis parameters have vocab_size rows there, not padded_vocab_size."""
-  return (config.vocab_size,) + shape[1:] if path in checkpoint.VOCAB_ROW_PARAMS else shape
+  return (config.vocab_size,) + shape[1:] if path in init_params.VOCAB_ROW_PARAMS else shape
 
 
 def _hf_rule(name: str, patterns: list[tuple[re.Pattern, str, str]]) -> tuple[str, str] | None:
@@ -342,9 +342,9 @@ def from_hf(state_dict: dict[str, np.ndarray], config: BertConfig, task: str | N
         f"cannot convert the Hugging Face checkpoint ({len(problems)} problems): "
         f"{_listing(problems)}. Check that config.json belongs to these weights and that they "
         "are a BERT (BertModel, BertForPreTraining, BertForMaskedLM or a BERT task model).")
-  for path in checkpoint.VOCAB_ROW_PARAMS:
+  for path in init_params.VOCAB_ROW_PARAMS:
     if path in flat:  # [vocab_size, ...] -> [padded_vocab_size, ...], zero padding rows
-      flat[path] = checkpoint.vocab_rows(flat[path], config.vocab_size, expected[path][0])
+      flat[path] = init_params.vocab_rows(flat[path], config.vocab_size, expected[path][0])
   report = ConversionReport(loaded=sorted(flat), missing=missing, ignored=ignored, task=task)
   return traverse_util.unflatten_dict(flat, sep="/"), report
 
@@ -425,8 +425,8 @@ def to_hf(params: dict[str, Any], config: BertConfig) -> dict[str, np.ndarray]:
     if value.shape != expected[path]:
       problems.append(f"{path} {value.shape}, the config expects {expected[path]}")
       continue
-    if path in checkpoint.VOCAB_ROW_PARAMS:  # [padded_vocab_size, ...] -> [vocab_size, ...]
-      value = checkpoint.vocab_rows(value, config.vocab_size, config.vocab_size)
+    if path in init_params.VOCAB_ROW_PARAMS:  # [padded_vocab_size, ...] -> [vocab_size, ...]
+      value = init_params.vocab_rows(value, config.vocab_size, config.vocab_size)
     for pattern, hf, transform in patterns:
       match = pattern.match(path)
       if match:
@@ -474,10 +474,10 @@ def load_bertjax_checkpoint(directory: str) -> tuple[dict[str, Any], BertConfig]
   Groups the checkpoint lacks (pooler, heads) are absent from the returned params; a task head
   it holds (TASK_HEADS) is read with the number of labels it was saved with. A checkpoint saved
   with other padding of the vocabulary axis (an unpadded one from before BertConfig had
-  pad_vocab_to_multiple) is read with bert_config.json's padding (`checkpoint.load_params`).
+  pad_vocab_to_multiple) is read with bert_config.json's padding (`init_params.load_params`).
   """
   config = model_files.load_bert_config(directory)
-  saved = checkpoint.saved_param_shapes(directory)
+  saved = init_params.saved_param_shapes(directory)
   refuse_bilstm({path.split("/")[0] for path in saved})
   task, num_labels = None, 2
   for name, head in TASK_HEADS.items():
@@ -490,7 +490,7 @@ def load_bertjax_checkpoint(directory: str) -> tuple[dict[str, Any], BertConfig]
   shapes = expected_shapes(config, task, num_labels)
   target = traverse_util.unflatten_dict(
       {p: jnp.zeros(s, config.storage_dtype) for p, s in shapes.items()}, sep="/")
-  params, report = checkpoint.load_params(directory, target, vocab_size=config.vocab_size)
+  params, report = init_params.load_params(directory, target, vocab_size=config.vocab_size)
   flat = traverse_util.flatten_dict(params, sep="/")
   missing = set(report.missing)
   kept = {p: np.asarray(x, np.float32) for p, x in flat.items() if p not in missing}

@@ -44,7 +44,7 @@ import numpy as np
 import optax
 
 from bertjax import model_files, tokenization
-from bertjax.training import checkpoint, model_options, train
+from bertjax.training import init_params, model_options, train
 from bertjax.data import prepare, sources
 from bertjax.data.pretraining import loader
 from bertjax.data.pretraining import examples as pe
@@ -178,7 +178,7 @@ def check_vocabulary(config: ml_collections.ConfigDict) -> None:
   the embeddings then stands for another piece)."""
   if not config.init_checkpoint:
     return
-  checkpoint.find_step_dir(config.init_checkpoint)  # a missing or empty path, named now
+  init_params.find_step_dir(config.init_checkpoint)  # a missing or empty path, named now
   given, theirs = config.data.vocab_model, checkpoint_vocabulary(config)
   if not given or not theirs:
     return

@@ -47,7 +47,7 @@ import numpy as np
 from absl import app, flags, logging
 
 from bertjax import tasks, workdir
-from bertjax.training import checkpoint, curves, parallel
+from bertjax.training import checkpoint, curves, distributed
 from bertjax import main as bertjax_main
 from bertjax.errors import UserError
 
@@ -358,7 +358,7 @@ def main(argv: list[str]) -> None:
                       "from --learning_rates and --seeds; drop the override.")
     learning_rates = parse_learning_rates(_LEARNING_RATES.value)
     seeds = parse_seeds(_SEEDS.value)
-    parallel.maybe_initialize_distributed()
+    distributed.maybe_initialize_distributed()
     results = sweep(config, directory, learning_rates, seeds)
   except UserError as e:
     bertjax_main.fail(str(e))

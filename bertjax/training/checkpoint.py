@@ -1,4 +1,4 @@
-"""Checkpoints: save and resume a run, and start one from another run's parameters.
+"""The checkpoints of one run: save the train state and data position, resume from the newest.
 
 On-disk layout (orbax-checkpoint `CheckpointManager`, one directory per step):
 
@@ -6,15 +6,17 @@ On-disk layout (orbax-checkpoint `CheckpointManager`, one directory per step):
   WORKDIR/checkpoints/<step>/data_position/   {"data_position": <JSON>} where the data stopped
 
 The train state is the trainer's plain dict `{'step', 'params', 'opt_state', 'rng'}`; anything
-that is a pytree of arrays can be saved, but `load_params` reads the `params` entry, so a state
-meant to initialise other runs must keep its parameters under the key 'params' (a nested dict
-of arrays, as a linen model's "params" collection).
+that is a pytree of arrays can be saved, but `bertjax.training.init_params.load_params` (which
+starts another run from it) reads the `params` entry, so a state meant to initialise other runs
+must keep its parameters under the key 'params' (a nested dict of arrays, as a linen model's
+"params" collection).
 
 Before anything is restored, every array's shape in the checkpoint is compared with what the
 caller expects; a checkpoint of a different model is a `UserError`, and nothing on disk is
 touched.
 
-Faults (each one line for the user, a `UserError` or a warning, instead of orbax's tracebacks):
+Faults (each one line for the user, a `UserError` or a warning, instead of orbax's tracebacks;
+`bertjax.training.checkpoint_faults` recognises them and keeps orbax's echoes off stderr):
 
 * A checkpoint that does not read back whole (a truncated or missing file, missing metadata):
   `resume` warns, moves it aside as `<step>.corrupt-<time>` (outside orbax's step listing, kept
@@ -27,27 +29,18 @@ Faults (each one line for the user, a `UserError` or a warning, instead of orbax
 """
 from __future__ import annotations
 
-import dataclasses
-import errno
-import gc
-import json
-import logging
-import os
-import re
-import shutil
 import sys
-import threading
 import time
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
-from flax import traverse_util
 from jax.experimental import multihost_utils
 
 from bertjax.errors import UserError
+from bertjax.training import checkpoint_faults
 
 CHECKPOINTS_DIR = "checkpoints"  # under the workdir
 STATE_ITEM = "state"
@@ -95,107 +88,19 @@ def shape_differences(saved: dict[str, tuple[int, ...]],
   return diffs
 
 
-def _listing(diffs: list[str]) -> str:
+def listing(diffs: list[str]) -> str:
+  """The first few of `diffs` for an error message, "; "-joined, then how many more there are."""
   more = f"; and {len(diffs) - _MAX_LISTED} more" if len(diffs) > _MAX_LISTED else ""
   return "; ".join(diffs[:_MAX_LISTED]) + more
 
 
-def _with_sharding(abstract: Any) -> Any:
+def with_default_sharding(abstract: Any) -> Any:
   """ShapeDtypeStructs without a sharding get the first local device (orbax would otherwise
   restore them as numpy arrays)."""
   device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
   return jax.tree.map(
       lambda x: x if getattr(x, "sharding", None) is not None
       else jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), abstract)
-
-
-# A full disk, as the OS (OSError) or tensorstore ("... [os_error_code='28']") words it.
-_DISK_FULL = re.compile(r"No space left on device|Disk quota exceeded|os_error_code='(28|122)'")
-# tensorstore's words for files that are missing, truncated or garbled (not for a network or
-# memory failure, which must not get a good checkpoint moved aside).
-_DAMAGED = re.compile(r"\b(OUT_OF_RANGE|DATA_LOSS|NOT_FOUND|FAILED_PRECONDITION)\b")
-_TEMPORARY = ".orbax-checkpoint-tmp"  # orbax writes STEP.orbax-checkpoint-tmp*, then renames it
-_reading = threading.Event()  # set while a checkpoint is read (it may be damaged)
-
-
-def _chain(error: BaseException | None) -> Iterator[BaseException]:
-  """`error` and the exceptions it was raised from or during, outermost first."""
-  seen = set()
-  while error is not None and id(error) not in seen:
-    seen.add(id(error))
-    yield error
-    error = error.__cause__ or error.__context__
-
-
-def is_disk_full(error: BaseException) -> bool:
-  """Whether `error` (or one it came from) is a write to a full disk or past a quota."""
-  return any((isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT))
-             or _DISK_FULL.search(str(e)) for e in _chain(error))
-
-
-def _is_damaged(error: BaseException) -> bool:
-  """Whether `error`, raised while reading a checkpoint, says that its files are missing,
-  truncated or garbled."""
-  errors = list(_chain(error))
-  if any(isinstance(e, MemoryError) or "RESOURCE_EXHAUSTED" in str(e) for e in errors):
-    return False
-  return any(isinstance(e, (FileNotFoundError, json.JSONDecodeError)) or _DAMAGED.search(str(e))
-             for e in errors)
-
-
-def _reason(error: BaseException) -> str:
-  """The first line of the innermost cause of `error`, for a one-line message."""
-  root = list(_chain(error))[-1]
-  line = (str(root).strip().splitlines() or [type(root).__name__])[0].rstrip(".")
-  return line if len(line) <= 300 else line[:297] + "..."
-
-
-def _is_noise(text: str) -> bool:
-  """Whether a log line, stray traceback or unraisable exception of orbax / tensorstore / asyncio
-  repeats a failure that bertjax reports as one message of its own: a write to a full disk, or a
-  read of a damaged checkpoint (`restore`, `resume`)."""
-  if _DISK_FULL.search(text) or "Encountered error while reading" in text:
-    return True
-  return bool(_DAMAGED.search(text)) and (_reading.is_set()
-                                          or "exception was never retrieved" in text)
-
-
-class _NoiseFilter(logging.Filter):
-  """Drops the log records (absl's, asyncio's) that `_is_noise`: orbax's threads log each failed
-  write or read of one failure with a traceback, hundreds of lines for one full disk."""
-
-  def filter(self, record: logging.LogRecord) -> bool:
-    text = record.getMessage()
-    if record.exc_info and record.exc_info[1] is not None:
-      text += " " + " ".join(str(e) for e in _chain(record.exc_info[1]))
-    return not _is_noise(text)
-
-
-_quiet_installed = False
-
-
-def _install_quiet_failures() -> None:
-  """Once per process: keeps the echoes of a failure that bertjax reports itself (a full disk, a
-  damaged checkpoint) off stderr. These are orbax's and asyncio's log records about it, the
-  exceptions its unawaited reads leave behind ("Exception ignored in <coroutine ...>"), and the
-  "Event loop is closed" tracebacks that tensorstore's threads report (as unraisable) when a
-  callback reaches the event loop that orbax closed after the failure. Anything else passes."""
-  global _quiet_installed
-  if _quiet_installed:
-    return
-  _quiet_installed = True
-  for name in ("absl", "asyncio"):
-    logging.getLogger(name).addFilter(_NoiseFilter())
-  previous = sys.unraisablehook
-
-  def unraisablehook(unraisable):
-    value = unraisable.exc_value
-    loop_closed = isinstance(value, RuntimeError) and str(value) == "Event loop is closed"
-    if not (loop_closed or (value is not None
-                            and _is_noise(" ".join(str(e) for e in _chain(value))))):
-      previous(unraisable)
-
-  sys.unraisablehook = unraisablehook
 
 
 def _on_every_host(ok: bool) -> bool:
@@ -210,24 +115,6 @@ def _barrier(name: str) -> None:
     multihost_utils.sync_global_devices(name)
 
 
-def _remove_partial(path: epath.Path, settle_seconds: float = 0.5, timeout: float = 60) -> bool:
-  """Removes `path`, the directory of a failed save, whose other writes may still be ending in
-  orbax's and tensorstore's threads (they go on after the first one fails, and may recreate
-  it): again until it stays gone for `settle_seconds`. Returns whether it is gone."""
-  deadline = time.monotonic() + timeout
-  while path.exists() and time.monotonic() < deadline:
-    try:
-      path.rmtree()
-    except OSError:
-      pass  # a file written meanwhile: try again
-    time.sleep(settle_seconds)
-  return not path.exists()
-
-
-def _megabytes(nbytes: float) -> str:
-  return f"{nbytes / 1e6:.1f} MB"
-
-
 class _Manager(ocp.CheckpointManager):
   """orbax's CheckpointManager without its own preemption checks.
 
@@ -235,8 +122,8 @@ class _Manager(ocp.CheckpointManager):
   asynchronous save, from its finalize thread, while the train loop is already steps further.
   Each call sets the process's counter in jax's sync protocol, so a SIGTERM that comes just
   then makes the processes agree on a point that is already behind, and they never stop (or
-  one skips it and the others wait in the save). `bertjax.training.preemption.StopSignal` is the only
-  caller of the sync point.
+  one skips it and the others wait in the save). `bertjax.training.preemption.StopSignal` is the
+  only caller of the sync point.
   """
 
   def reached_preemption(self, step: int) -> bool:
@@ -283,7 +170,7 @@ class Checkpoints:
     self._async = async_save
     self._writing: tuple[int, int] | None = None  # (step, bytes) of a save not yet waited for
     self._closed = False
-    _install_quiet_failures()
+    checkpoint_faults.install_quiet_failures()
     # Save at multiples of save_every_steps; unlike orbax's default, not also at the first step
     # seen. A preemption is a forced save at the step bertjax.training.preemption agreed on.
     options = ocp.CheckpointManagerOptions(
@@ -329,7 +216,7 @@ class Checkpoints:
               STATE_ITEM: ocp.args.StandardSave(state),
               DATA_ITEM: ocp.args.JsonSave({"data_position": data_position})}))
     except Exception as e:  # pylint: disable=broad-except
-      if not is_disk_full(e):
+      if not checkpoint_faults.is_disk_full(e):
         raise
       raise UserError(self._disk_full(step, nbytes, e)) from e
     if started and self._async:
@@ -350,7 +237,7 @@ class Checkpoints:
     if _on_every_host(error is None):
       return
     message = self._disk_full(step, nbytes, error)
-    if error is not None and not is_disk_full(error):
+    if error is not None and not checkpoint_faults.is_disk_full(error):
       raise error
     raise UserError(message) from error
 
@@ -359,29 +246,11 @@ class Checkpoints:
     message of a full disk (`error`: this host's, None if the write failed on another host)."""
     removed = []
     if jax.process_index() == 0:
-      for partial in self.directory.glob(f"*{_TEMPORARY}*"):
-        gone = _remove_partial(partial)
-        removed.append(partial.name if gone else f"{partial.name} (not yet: remove it by hand)")
+      removed = checkpoint_faults.remove_partial_saves(self.directory)
     _barrier("bertjax:checkpoint_disk_full")
     self._manager.reload()
-    kept = self.all_steps()
-    free = ""
-    if os.path.isdir(str(self.directory)):  # a local disk (not gs://)
-      free = f"; {_megabytes(shutil.disk_usage(str(self.directory)).free)} free there"
-    cause = "on another host" if error is None else _reason(error)
-    if error is not None and is_disk_full(error):
-      quota = any("quota" in str(e) or getattr(e, "errno", 0) == errno.EDQUOT or "'122'" in str(e)
-                  for e in _chain(error))
-      cause = "Disk quota exceeded" if quota else "No space left on device"
-    resume = (f"it resumes from step {kept[-1]}" if kept else "with no earlier checkpoint, it "
-              "starts over")
-    return (
-        f"the disk holding {self.directory} is full ({cause}): the checkpoint of step {step} "
-        f"(up to {_megabytes(nbytes)}{free}) could not be written. Removed its partial directory "
-        f"{', '.join(removed) or '(none left)'}; the checkpoints kept (steps "
-        f"{', '.join(map(str, kept)) or 'none'}) are intact. Free at least {_megabytes(nbytes)} "
-        "on that disk (other runs' workdirs or checkpoints, for instance) or lower "
-        f"--config.train.keep_checkpoints, then rerun the same command: {resume}.")
+    return checkpoint_faults.disk_full_message(self.directory, step, nbytes, error, removed,
+                                               self.all_steps())
 
   def _step_dir(self, step: int) -> epath.Path:
     return self.directory / str(step)  # orbax's standard step names: the number alone
@@ -398,7 +267,7 @@ class Checkpoints:
     if diffs:
       raise UserError(
           f"the checkpoint at step {step} in {self.directory} does not match the model "
-          f"({len(diffs)} differences): {_listing(diffs)}. This workdir holds a checkpoint of a "
+          f"({len(diffs)} differences): {listing(diffs)}. This workdir holds a checkpoint of a "
           "different model; use a new --workdir or the matching config. Nothing was changed.")
 
   def restore(self, abstract_state: Any, step: int | None = None) -> tuple[Any, Any]:
@@ -427,9 +296,10 @@ class Checkpoints:
     except UserError:
       raise
     except Exception as e:  # pylint: disable=broad-except
-      if not _is_damaged(e):
+      if not checkpoint_faults.is_damaged(e):
         raise
-      raise UserError(f"the checkpoint {self._step_dir(step)} does not read back ({_reason(e)}); "
+      raise UserError(f"the checkpoint {self._step_dir(step)} does not read back "
+                      f"({checkpoint_faults.reason(e)}); "
                       "restore another step or move it away.") from e
 
   def _read(self, abstract_state: Any, step: int) -> tuple[Any, Any]:
@@ -437,17 +307,13 @@ class Checkpoints:
     a host whose read fails does not leave the others waiting (they agree afterwards)."""
     step_dir = self._step_dir(step)
     handler = ocp.StandardCheckpointHandler()
-    _reading.set()
     try:
-      self.check_compatible(abstract_state, step)
-      state = handler.restore(step_dir / STATE_ITEM,
-                              args=ocp.args.StandardRestore(_with_sharding(abstract_state)))
-      position = ocp.JsonCheckpointHandler().restore(step_dir / DATA_ITEM)
-    except BaseException:
-      gc.collect()  # the failed read's leftover coroutines report now, while _reading is set
-      raise
+      with checkpoint_faults.reading():
+        self.check_compatible(abstract_state, step)
+        restore = ocp.args.StandardRestore(with_default_sharding(abstract_state))
+        state = handler.restore(step_dir / STATE_ITEM, args=restore)
+        position = ocp.JsonCheckpointHandler().restore(step_dir / DATA_ITEM)
     finally:
-      _reading.clear()
       handler.close()
     return state, position["data_position"]
 
@@ -475,9 +341,9 @@ class Checkpoints:
       except UserError:
         raise
       except Exception as e:  # pylint: disable=broad-except
-        if not _is_damaged(e):
+        if not checkpoint_faults.is_damaged(e):
           raise
-        reason = _reason(e)
+        reason = checkpoint_faults.reason(e)
       if _on_every_host(reason is None):
         self._set_aside(damaged, step)
         return restored
@@ -547,180 +413,3 @@ class Checkpoints:
       self.close()
     else:
       self.abandon()
-
-
-@dataclasses.dataclass(frozen=True)
-class LoadReport:
-  """What `load_params` did, as parameter paths ('bert/layer_0/attention/query/kernel').
-
-  Attributes:
-    step_dir: the step directory read.
-    loaded: parameters taken from the checkpoint.
-    missing: parameters of the target that the checkpoint lacks; they keep the target's
-      (freshly initialised) values, e.g. a new task head.
-    unused: parameters in the checkpoint that the target has no place for, e.g. the
-      pretraining heads when fine-tuning.
-    replaced: parameters under `fresh_on_mismatch` whose saved shape differs from the target's
-      (e.g. a classifier for another number of labels); they keep the fresh values too.
-    resized: vocabulary-axis parameters (VOCAB_ROW_PARAMS, also in `loaded`) saved with another
-      number of padding rows (an unpadded checkpoint, or another pad_vocab_to_multiple): their
-      vocab_size real rows were loaded and the model's padding rows set to zero.
-  """
-  step_dir: str
-  loaded: list[str]
-  missing: list[str]
-  unused: list[str]
-  replaced: list[str] = dataclasses.field(default_factory=list)
-  resized: list[str] = dataclasses.field(default_factory=list)
-
-
-# Parameters whose first axis is the vocabulary: [padded_vocab_size, ...] in the model, of which
-# the first vocab_size rows are the tokens and the rest padding that is never looked up or
-# predicted (BertConfig.pad_vocab_to_multiple). Other formats store only the vocab_size rows.
-VOCAB_ROW_PARAMS = ("bert/embeddings/word_embeddings/embedding", "masked_lm/output_bias")
-
-
-def vocab_rows(array: np.ndarray, vocab_size: int, rows: int) -> np.ndarray:
-  """The `vocab_size` real rows of a vocabulary-axis parameter, then zero rows up to `rows`.
-
-  Args:
-    array: [at least vocab_size, ...], e.g. an unpadded [vocab_size, hidden] embedding table or
-      a padded [padded_vocab_size] MLM bias.
-    vocab_size: the number of real rows (BertConfig.vocab_size).
-    rows: the rows wanted: padded_vocab_size to pad, vocab_size to strip (>= vocab_size).
-  Returns:
-    [rows, ...] of array's dtype: array[:vocab_size], then rows - vocab_size rows of zeros.
-  """
-  array = np.asarray(array)
-  if array.shape[0] < vocab_size or rows < vocab_size:
-    raise ValueError(f"{array.shape[0]} rows -> {rows} rows cannot keep {vocab_size} real rows")
-  padding = np.zeros((rows - vocab_size,) + array.shape[1:], array.dtype)
-  return np.concatenate([array[:vocab_size], padding])
-
-
-def _vocab_rows_fit(saved: tuple[int, ...], expected: tuple[int, ...], vocab_size: int) -> bool:
-  """Whether a saved vocabulary-axis parameter holds the model's vocab_size real rows, so that
-  only its padding differs."""
-  return (len(saved) == len(expected) >= 1 and saved[1:] == expected[1:]
-          and min(saved[0], expected[0]) >= vocab_size)
-
-
-def find_step_dir(path: epath.PathLike) -> epath.Path:
-  """The step directory that `path` names: a workdir (its latest checkpoint), a checkpoints
-  directory (its latest step) or one step directory."""
-  # orbax reads only absolute paths: a relative local one (--config.init_checkpoint=CKPT) is
-  # taken from the working directory.
-  path = epath.Path(path if "://" in str(path) else os.path.abspath(path))
-  if not path.exists():
-    raise UserError(f"checkpoint path {path} does not exist; set --config.init_checkpoint to a "
-                    "workdir, its checkpoints/ directory or one step directory in it.")
-  if (path / STATE_ITEM).is_dir():
-    return path
-  root = path / CHECKPOINTS_DIR if (path / CHECKPOINTS_DIR).is_dir() else path
-  latest = ocp.step.latest_step_metadata(root, ocp.step.standard_name_format())
-  if latest is None or not (latest.path / STATE_ITEM).is_dir():
-    raise UserError(f"no checkpoint found in {path}; give a workdir, its checkpoints/ "
-                    "directory or one step directory (one that holds state/).")
-  return latest.path
-
-
-def saved_param_shapes(path: epath.PathLike) -> dict[str, tuple[int, ...]]:
-  """{'a/b/c': shape} of the parameters saved at `path` (as load_params finds it), read from the
-  checkpoint's metadata without loading any array.
-
-  Raises:
-    UserError: no checkpoint at `path`, or no 'params' in it.
-  """
-  step_dir = find_step_dir(path)
-  metadata = ocp.StandardCheckpointHandler().metadata(step_dir / STATE_ITEM)
-  saved_tree = getattr(metadata, "tree", metadata)
-  if not isinstance(saved_tree, dict) or "params" not in saved_tree:
-    raise UserError(f"{step_dir} holds no 'params' in its saved state; init_checkpoint must be a "
-                    "bertjax checkpoint (convert other formats first).")
-  return {path_str(p): tuple(m.shape)
-          for p, m in jax.tree_util.tree_flatten_with_path(saved_tree["params"])[0]}
-
-
-def load_params(path: epath.PathLike, target_params: Any,
-                fresh_on_mismatch: Sequence[str] = (), *,
-                vocab_size: int | None = None) -> tuple[Any, LoadReport]:
-  """Loads the parameters of a saved train state into `target_params` (e.g. `init_checkpoint`).
-
-  Only the `params` entry of the saved state is read (orbax partial restore): no optimizer
-  state, step or rng. Parameters are matched by path; shared paths must have equal shapes, but
-  for the padding rows of the vocabulary-axis parameters (VOCAB_ROW_PARAMS) when `vocab_size`
-  is given.
-
-  Args:
-    path: a workdir, its checkpoints/ directory, or one step directory.
-    target_params: nested dict of freshly initialised jax.Arrays (or ShapeDtypeStructs with
-      shardings), e.g. a fine-tuning model's "params". Loaded arrays take each target leaf's
-      dtype and sharding.
-    fresh_on_mismatch: path prefixes (e.g. "sequence_classification/", a task head) whose
-      parameters keep their fresh values when the saved shape differs, instead of raising.
-    vocab_size: the model's real vocabulary size (BertConfig.vocab_size). When given, a
-      vocabulary-axis parameter saved with another number of rows, at least vocab_size (an
-      unpadded checkpoint, or another pad_vocab_to_multiple), is adapted: its first vocab_size
-      rows are loaded and the target's padding rows are zeros (`LoadReport.resized`). Fewer
-      rows than vocab_size (another vocabulary) differ like any other shape.
-  Returns:
-    (params: the structure of `target_params`, with every parameter the checkpoint has
-     replaced by the saved value, LoadReport).
-  Raises:
-    UserError: no checkpoint at `path`, no 'params' in it, or shared paths with different shapes.
-  """
-  step_dir = find_step_dir(path)
-  saved = saved_param_shapes(step_dir)
-  flat_target = traverse_util.flatten_dict(target_params, sep="/")
-  expected = {p: tuple(x.shape) for p, x in flat_target.items()}
-
-  resized = sorted(p for p in VOCAB_ROW_PARAMS if vocab_size is not None and p in saved
-                   and p in expected and saved[p] != expected[p]
-                   and _vocab_rows_fit(saved[p], expected[p], vocab_size))
-  differing = sorted(p for p in saved.keys() & expected.keys()
-                     if saved[p] != expected[p] and p not in resized)
-  replaced = [p for p in differing if p.startswith(tuple(fresh_on_mismatch))]
-  mismatched = [f"{p}: {saved[p]} in the checkpoint, {expected[p]} in the model"
-                for p in differing if p not in replaced]
-  if mismatched:
-    raise UserError(
-        f"init_checkpoint {step_dir} has parameters whose shapes differ from the model "
-        f"({len(mismatched)}): {_listing(mismatched)}. Use a checkpoint of a model of the same "
-        "size, or set the model config (vocab, hidden size, layers, ...) to match it.")
-  loaded = sorted(saved.keys() & expected.keys() - set(replaced))
-  missing = sorted(expected.keys() - saved.keys())
-  unused = sorted(saved.keys() - expected.keys())
-  report = LoadReport(step_dir=str(step_dir), loaded=loaded, missing=missing, unused=unused,
-                      replaced=replaced, resized=resized)
-  if not loaded:
-    return target_params, report
-
-  def abstract(p):
-    x = flat_target[p]
-    if p in resized:  # read whole onto one device here, then padded or stripped below
-      return jax.ShapeDtypeStruct(saved[p], x.dtype)
-    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None))
-
-  item = {"params": _with_sharding(traverse_util.unflatten_dict(
-      {p: abstract(p) for p in loaded}, sep="/"))}
-  restored = ocp.PyTreeCheckpointer().restore(
-      step_dir / STATE_ITEM,
-      args=ocp.args.PyTreeRestore(item=item,
-                                  restore_args=ocp.checkpoint_utils.construct_restore_args(item),
-                                  partial_restore=True))
-  flat_restored = traverse_util.flatten_dict(restored["params"], sep="/")
-  for p in resized:
-    flat_restored[p] = _placed_like(
-        vocab_rows(np.asarray(flat_restored[p]), vocab_size, expected[p][0]), flat_target[p])
-  params = traverse_util.unflatten_dict(
-      {p: flat_restored.get(p, x) for p, x in flat_target.items()}, sep="/")
-  return params, report
-
-
-def _placed_like(value: np.ndarray, target: Any) -> jax.Array:
-  """A host array (the same on every host) as a jax.Array with the dtype and sharding of
-  `target` (a jax.Array or a ShapeDtypeStruct; the first local device without a sharding)."""
-  value = value.astype(target.dtype)
-  sharding = getattr(target, "sharding", None) or jax.sharding.SingleDeviceSharding(
-      jax.local_devices()[0])
-  return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])

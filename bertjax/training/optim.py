@@ -139,8 +139,8 @@ def make_optimizer(*, learning_rate: float = 1e-4, num_train_steps: int, warmup_
   """BERT's optimizer: clip by global norm, then AdamW (or LAMB) with the warmup + linear-decay
   schedule.
 
-  Gradient accumulation is not here: the train step (`bertjax.training.train.make_train_step`) sums the
-  micro-batches' gradients before the one `tx.update` of a step.
+  Gradient accumulation is not here: the train step (`bertjax.training.steps.make_train_step`)
+  sums the micro-batches' gradients before the one `tx.update` of a step.
 
   Args:
     learning_rate: the peak learning rate.

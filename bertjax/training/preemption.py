@@ -78,7 +78,8 @@ class StopSignal:
       if callable(replaced):
         raise RuntimeError(
             f"a Python SIGTERM handler ({replaced!r}) replaced the one jax.distributed installs "
-            "for its preemption sync; remove it (bertjax.training.preemption.StopSignal handles SIGTERM).")
+            "for its preemption sync; remove it (bertjax.training.preemption.StopSignal handles "
+            "SIGTERM).")
     if threading.current_thread() is not threading.main_thread():
       return self  # signal handlers can only be set from the main thread
     handled = [signal.SIGINT] if self._multiprocess else [signal.SIGINT, signal.SIGTERM]
