@@ -1,6 +1,7 @@
 """Weight converters between bertjax and other BERT checkpoints.
 
-  hf.py        Hugging Face transformers BERT <-> bertjax (a table of rules, both ways)
+  hf_rules.py  the table of rules: Hugging Face names <-> bertjax paths, transforms, task heads
+  hf.py        Hugging Face transformers BERT <-> bertjax (hf_rules applied, both ways)
   hf_files.py  a Hugging Face directory: config.json <-> BertConfig, reading the weights safely
   tf.py        Google's original TF checkpoints -> bertjax (renamed to Hugging Face names by a
                table of rules, then through hf.py)

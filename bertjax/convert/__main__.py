@@ -26,7 +26,7 @@ import shutil
 import sys
 
 from bertjax import model_files
-from bertjax.convert import hf, hf_files
+from bertjax.convert import hf, hf_files, hf_rules
 from bertjax.convert import tf
 from bertjax.errors import UserError
 
@@ -72,9 +72,9 @@ def to_hf_dir(src: str, dst: str) -> str:
   task, num_labels = hf.params_task(params)
   os.makedirs(dst, exist_ok=True)
   with open(os.path.join(dst, "config.json"), "w", encoding="utf-8") as f:
+    labelled = task and hf_rules.TASK_HEADS[task].labelled
     json.dump(hf_files.bert_config_to_hf_config(config, [architecture],
-                                          num_labels if task and hf.TASK_HEADS[task].labelled
-                                          else None), f, indent=2)
+                                                num_labels if labelled else None), f, indent=2)
     f.write("\n")
   save_file(tensors, os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
   for path in model_files.tokenizer_files(src):

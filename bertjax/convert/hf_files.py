@@ -12,9 +12,9 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from bertjax.convert.hf import TASK_HEADS
+from bertjax.convert.hf_rules import TASK_HEADS
 from bertjax.errors import UserError
-from bertjax.models.bert import BertConfig
+from bertjax.models.config import BertConfig
 
 # Hugging Face hidden_act -> bertjax hidden_act.
 _ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}

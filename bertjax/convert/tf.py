@@ -43,9 +43,9 @@ from typing import Any
 import numpy as np
 
 from bertjax import model_files, tokenization
-from bertjax.convert import hf
+from bertjax.convert import hf, hf_rules
 from bertjax.errors import UserError
-from bertjax.models.bert import BertConfig
+from bertjax.models.config import BertConfig
 
 CONFIG_FILE = "bert_config.json"
 _MAX_LISTED = 8  # problems other than unmapped variables named in one error message
@@ -152,11 +152,7 @@ class TfConversion:
   do_lower_case_from: str
 
 
-def _template_regex(template: str) -> re.Pattern:
-  return re.compile("^" + re.escape(template).replace(re.escape("{i}"), r"(?P<i>\d+)") + "$")
-
-
-_PATTERNS = [(_template_regex(g), h, t, s) for g, h, t, s in RULES]
+_PATTERNS = [(hf_rules.template_regex(g), h, t, s) for g, h, t, s in RULES]
 
 
 # --- bert_config.json ---------------------------------------------------------------------------
