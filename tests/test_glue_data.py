@@ -1,4 +1,5 @@
-"""Tests of bertjax.data.finetuning.glue: GLUE's files and TFDS -> examples -> BERT features, submissions.
+"""Tests of bertjax.data.finetuning.glue: GLUE's files and TFDS -> examples -> BERT features; and
+the leaderboard files of bertjax.tasks.glue.
 
 The .tsv files written here copy the layouts download_glue_data.py leaves (header rows, columns,
 CoLA's headerless train/dev, MRPC's byte order mark, MNLI's 12/16/10-column files), with rows
@@ -15,6 +16,7 @@ from bertjax import tokenization
 from bertjax.data.finetuning import glue
 from bertjax.data.finetuning.glue import Example
 from bertjax.errors import UserError
+from bertjax.tasks import glue as glue_task
 
 FILES = {
     "CoLA/train.tsv": (  # no header: source, label, original label, sentence
@@ -116,8 +118,8 @@ def test_tasks():
   assert glue.TASKS["stsb"].is_regression and glue.TASKS["stsb"].num_labels == 1
   assert not glue.TASKS["mnli"].is_regression and glue.TASKS["mnli"].num_labels == 3
   assert glue.TASKS["ax"].splits == ("test",)
-  assert {t for t, _ in glue.SUBMISSION_FILES} == set(glue.TASKS)
-  for (task, split), name in glue.SUBMISSION_FILES.items():
+  assert {t for t, _ in glue_task.SUBMISSION_FILES} == set(glue.TASKS)
+  for (task, split), name in glue_task.SUBMISSION_FILES.items():
     assert split in glue.TASKS[task].splits and split.startswith("test") and name.endswith(".tsv")
 
 
@@ -515,30 +517,30 @@ def test_tfds_tables_match_tfds_glue():
 
 def test_write_submission(tmp_path, glue_dir):
   examples = glue.read_examples("mnli", "test_mismatched", glue_dir)
-  path = tmp_path / "sub" / glue.SUBMISSION_FILES[("mnli", "test_mismatched")]
-  glue.write_submission(glue.TASKS["mnli"], "test_mismatched", examples, np.array([2, 0]),
+  path = tmp_path / "sub" / glue_task.SUBMISSION_FILES[("mnli", "test_mismatched")]
+  glue_task.write_submission(glue.TASKS["mnli"], "test_mismatched", examples, np.array([2, 0]),
                         str(path))
   assert path.name == "MNLI-mm.tsv"
   assert path.read_text() == "index\tprediction\n0\tneutral\n1\tcontradiction\n"
   # Scores [N, num_labels] give their best class.
   examples = [Example("test-5", "a", "b", None), Example("test-9", "c", "d", None)]
-  glue.write_submission(glue.TASKS["mrpc"], "test", examples,
+  glue_task.write_submission(glue.TASKS["mrpc"], "test", examples,
                         np.array([[0.1, 0.9], [2.0, -1.0]]), str(path))
   assert path.read_text() == "index\tprediction\n5\t1\n9\t0\n"
-  glue.write_submission(glue.TASKS["stsb"], "test", examples, np.array([5.23456, -0.2]),
+  glue_task.write_submission(glue.TASKS["stsb"], "test", examples, np.array([5.23456, -0.2]),
                         str(path))
   assert path.read_text() == "index\tprediction\n5\t5.000\n9\t0.000\n"
-  glue.write_submission(glue.TASKS["stsb"], "test", examples, np.array([[3.14159], [2.0]]),
+  glue_task.write_submission(glue.TASKS["stsb"], "test", examples, np.array([[3.14159], [2.0]]),
                         str(path))
   assert path.read_text() == "index\tprediction\n5\t3.142\n9\t2.000\n"
-  glue.write_submission(glue.TASKS["ax"], "test", examples, np.array([1, 2]), str(path))
+  glue_task.write_submission(glue.TASKS["ax"], "test", examples, np.array([1, 2]), str(path))
   assert path.read_text() == "index\tprediction\n5\tentailment\n9\tneutral\n"
   assert os.listdir(tmp_path / "sub") == ["MNLI-mm.tsv"]  # no temporary file left
   with pytest.raises(ValueError, match=r"predictions have shape \(3,\); want \(2,\) or \(2, 2\)"):
-    glue.write_submission(glue.TASKS["rte"], "test", examples, np.array([0, 1, 1]), str(path))
+    glue_task.write_submission(glue.TASKS["rte"], "test", examples, np.array([0, 1, 1]), str(path))
   with pytest.raises(ValueError, match=r"prediction 2 for test-9 is not a class of rte"):
-    glue.write_submission(glue.TASKS["rte"], "test", examples, np.array([0, 2]), str(path))
+    glue_task.write_submission(glue.TASKS["rte"], "test", examples, np.array([0, 2]), str(path))
   with pytest.raises(ValueError, match=r"example test-5 is not of split 'dev'"):
-    glue.write_submission(glue.TASKS["rte"], "dev", examples, np.array([0, 1]), str(path))
+    glue_task.write_submission(glue.TASKS["rte"], "dev", examples, np.array([0, 1]), str(path))
   with pytest.raises(UserError, match=r"'mnli' has no split 'test'"):
-    glue.write_submission(glue.TASKS["mnli"], "test", examples, np.array([0, 1]), str(path))
+    glue_task.write_submission(glue.TASKS["mnli"], "test", examples, np.array([0, 1]), str(path))

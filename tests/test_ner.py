@@ -236,15 +236,15 @@ def test_predictions_map_back_to_one_tag_per_word(tokenizer):
   assert [w.sentence for w in windows] == [0, 1, 1, 1, 2]
   gold = [list(s.tags) for s in sentences]
   predictions = np.where(features["label_weights"] > 0, features["label_ids"], 3)  # O elsewhere
-  assert ner_data.tags_of_words(windows, sentences, predictions, features["label_weights"],
-                                labels) == gold
+  assert ner.tags_of_words(windows, sentences, predictions, features["label_weights"],
+                           labels) == gold
   # Fewer rows (an evaluation cut short): sentences with a missing row are None.
-  assert ner_data.tags_of_words(windows, sentences, predictions[:3], features["label_weights"],
-                                labels) == [gold[0], None, None]
+  assert ner.tags_of_words(windows, sentences, predictions[:3], features["label_weights"],
+                           labels) == [gold[0], None, None]
   bad = features["label_weights"].copy()
   bad[1, 1] = 0
   with pytest.raises(ValueError, match="row 1 has 1 first sub-tokens but its window holds 2"):
-    ner_data.tags_of_words(windows, sentences, predictions, bad, labels)
+    ner.tags_of_words(windows, sentences, predictions, bad, labels)
 
 
 def test_seqeval_scores_on_a_hand_example():

@@ -4,7 +4,8 @@ pretrained BERT (paper 4.1).
   python -m bertjax.main --config=configs/glue.py --workdir=DIR --config.task=mrpc \
       --config.init_checkpoint=CKPT --config.data.glue_dir=GLUE_DIR
 
-`config.task` names the GLUE task (bertjax.data.finetuning.glue.TASKS but ax, which has no training data).
+`config.task` names the GLUE task (bertjax.data.finetuning.glue.TASKS but ax, which has no
+training data).
 CKPT is a pretraining workdir or a converted model directory (its bert_config.json and tokenizer
 are used). Examples come from GLUE_DIR (download_glue_data.py's layout) or, when
 `data.glue_dir` is empty, from TFDS's glue/<task> prepared under `data.tfds_data_dir`.
@@ -17,10 +18,11 @@ with warmup over `train.warmup_proportion` of them.
 Each evaluation scores the dev split with GLUE's metrics (bertjax.metrics.glue_metrics) and
 WORKDIR/eval_results.json holds the last one; after the last step the dev predictions go to
 WORKDIR/eval_predictions.tsv and each of `data.predict_splits` to the GLUE leaderboard file of
-that split (e.g. WORKDIR/MRPC.tsv).
+that split (e.g. WORKDIR/MRPC.tsv, `write_submission`).
 """
 from __future__ import annotations
 
+import os
 from typing import Sequence
 
 import jax.numpy as jnp
@@ -40,6 +42,14 @@ EVAL_PREDICTIONS_FILE = "eval_predictions.tsv"
 # Spearman correlations are reported for STS-B"; CoLA is GLUE's Matthews correlation), a key of
 # bertjax.metrics.glue_metrics; every other task: accuracy.
 MAIN_METRICS = {"cola": "matthews_correlation", "stsb": "spearmanr", "mrpc": "f1", "qqp": "f1"}
+# The GLUE leaderboard's file name for each test split's predictions.
+SUBMISSION_FILES: dict[tuple[str, str], str] = {
+    ("cola", "test"): "CoLA.tsv", ("sst2", "test"): "SST-2.tsv", ("mrpc", "test"): "MRPC.tsv",
+    ("qqp", "test"): "QQP.tsv", ("stsb", "test"): "STS-B.tsv",
+    ("mnli", "test_matched"): "MNLI-m.tsv", ("mnli", "test_mismatched"): "MNLI-mm.tsv",
+    ("qnli", "test"): "QNLI.tsv", ("rte", "test"): "RTE.tsv", ("wnli", "test"): "WNLI.tsv",
+    ("ax", "test"): "AX.tsv",
+}
 
 
 def glue_task(config: ml_collections.ConfigDict) -> glue_data.GlueTask:
@@ -141,6 +151,49 @@ def write_eval_predictions(task: glue_data.GlueTask, examples: Sequence[glue_dat
   path.write_text("\n".join(rows) + "\n")
 
 
+def write_submission(task: glue_data.GlueTask, split: str,
+                     examples: Sequence[glue_data.Example],
+                     predictions: np.ndarray, path: str) -> None:
+  """Writes predictions as a GLUE leaderboard file: "index<TAB>prediction", one row an example.
+
+  Args:
+    task: the task.
+    split: the split the examples are from (their guids are "<split>-<index>").
+    examples: N examples.
+    predictions: [N] class indices, or [N, num_labels] scores (the best is taken); for STS-B
+      [N] (or [N, 1]) scores, written clipped to [0, 5] with 3 decimals.
+    path: the file to write (SUBMISSION_FILES names the leaderboard's); written atomically.
+
+  Raises:
+    ValueError: predictions of the wrong shape, or an example not of `split`.
+  """
+  glue_data.check_split(task, split)
+  predictions = np.asarray(predictions)
+  n = len(examples)
+  if predictions.ndim == 2 and predictions.shape[1] == task.num_labels:
+    predictions = predictions[:, 0] if task.is_regression else predictions.argmax(axis=1)
+  if predictions.shape != (n,):
+    raise ValueError(f"predictions have shape {predictions.shape}; want ({n},) or "
+                     f"({n}, {task.num_labels}) for {n} {task.name} examples.")
+  lines = ["index\tprediction\n"]
+  for example, prediction in zip(examples, predictions):
+    if not example.guid.startswith(f"{split}-"):
+      raise ValueError(f"example {example.guid} is not of split {split!r}.")
+    if task.is_regression:
+      value = f"{float(np.clip(prediction, 0.0, 5.0)):.3f}"
+    elif 0 <= int(prediction) < task.num_labels:
+      value = task.labels[int(prediction)]
+    else:
+      raise ValueError(f"prediction {prediction} for {example.guid} is not a class of "
+                       f"{task.name} (0 to {task.num_labels - 1}).")
+    lines.append(f"{example.guid[len(split) + 1:]}\t{value}\n")
+  path = os.fspath(path)
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  with open(f"{path}.tmp", "w", encoding="utf-8") as f:
+    f.writelines(lines)
+  os.replace(f"{path}.tmp", path)
+
+
 def write(data: finetuning.Data, split: str, predictions: dict[str, np.ndarray],
           directory: epath.Path) -> None:
   """The dev predictions (eval_predictions.tsv) or a GLUE leaderboard file (e.g. MRPC.tsv)."""
@@ -151,9 +204,9 @@ def write(data: finetuning.Data, split: str, predictions: dict[str, np.ndarray],
     return
   submission_task = glue_data.TASKS["ax"] if split == "ax" else task
   submission_split = "test" if split == "ax" else split
-  name = glue_data.SUBMISSION_FILES[(submission_task.name, submission_split)]
-  glue_data.write_submission(submission_task, submission_split, examples[split],
-                             predictions["prediction"], str(directory / name))
+  name = SUBMISSION_FILES[(submission_task.name, submission_split)]
+  write_submission(submission_task, submission_split, examples[split],
+                   predictions["prediction"], str(directory / name))
 
 
 SPEC = finetuning.Spec(

@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Sequence
 
 import jax.numpy as jnp
 import ml_collections
@@ -43,7 +44,7 @@ from bertjax.training import optim
 from bertjax.data.finetuning import ner as ner_data
 from bertjax.errors import UserError
 from bertjax.models import feature_based, heads
-from bertjax.models.bert import BertConfig
+from bertjax.models.config import BertConfig
 from bertjax.tasks import finetuning
 
 LABELS_FILE = "labels.json"
@@ -211,11 +212,61 @@ def predict(logits, batch):
           "label_weights": batch["label_weights"]}
 
 
+def tags_of_words(windows: Sequence[ner_data.Window], sentences: Sequence[ner_data.Sentence],
+                  predictions: np.ndarray, label_weights: np.ndarray,
+                  labels: Sequence[str]) -> list[list[str] | None]:
+  """Per-row predictions back to one tag per word of each sentence.
+
+  Args:
+    windows: the windows of `ner_data.encode_sentences`, row r holding windows[r]'s words.
+    sentences: the S sentences they were made from.
+    predictions: [R, seq] predicted class ids, R <= len(windows) (the first R rows, as an
+      evaluation cut short by train.eval_steps gives).
+    label_weights: [R, seq], > 0 at each word's first sub-token.
+    labels: the classes.
+
+  Returns:
+    [S] for each sentence its predicted tags ([num_words] str), or None where a row of it is
+    missing (among the rows beyond R).
+
+  Raises:
+    ValueError: a row's first sub-tokens do not match its window's words.
+  """
+  out: list[list[str | None]] = [[None] * len(s.words) for s in sentences]
+  for r, (row, weights) in enumerate(zip(predictions, label_weights)):
+    window = windows[r]
+    ids = np.asarray(row)[np.asarray(weights) > 0]
+    if len(ids) != window.end - window.start:
+      raise ValueError(f"row {r} has {len(ids)} first sub-tokens but its window holds "
+                       f"{window.end - window.start} words; rows are out of order.")
+    out[window.sentence][window.start:window.end] = [labels[int(i)] for i in ids]
+  return [None if None in tags else tags for tags in out]
+
+
+def write_conll(sentences: Sequence[ner_data.Sentence],
+                predicted: Sequence[Sequence[str] | None], path: str) -> None:
+  """Writes predictions in CoNLL format, as conlleval reads them: "word gold predicted" a line
+  ("word predicted" for sentences without tags), a blank line after each sentence. Sentences
+  whose prediction is None are left out. Written atomically."""
+  lines = []
+  for sentence, tags in zip(sentences, predicted):
+    if tags is None:
+      continue
+    golds = sentence.tags or [None] * len(sentence.words)
+    for word, gold, tag in zip(sentence.words, golds, tags):
+      lines.append(f"{word} {tag}\n" if gold is None else f"{word} {gold} {tag}\n")
+    lines.append("\n")
+  path = os.fspath(path)
+  with open(f"{path}.tmp", "w", encoding="utf-8") as f:
+    f.writelines(lines)
+  os.replace(f"{path}.tmp", path)
+
+
 def _word_tags(data: finetuning.Data, name: str, predictions: dict[str, np.ndarray]):
   """(sentences, one predicted tag per word of each) of set `name`."""
   (sentences, windows, _), labels = data.context.sets[name], data.context.labels
-  return sentences, ner_data.tags_of_words(windows, sentences, predictions["prediction"],
-                                           predictions["label_weights"], labels)
+  return sentences, tags_of_words(windows, sentences, predictions["prediction"],
+                                  predictions["label_weights"], labels)
 
 
 def score(data: finetuning.Data, predictions: dict[str, np.ndarray]) -> dict[str, float]:
@@ -228,9 +279,9 @@ def write(data: finetuning.Data, name: str, predictions: dict[str, np.ndarray],
   """CoNLL "word gold predicted" lines; a tagged test file's scores to test_results.json."""
   sentences, predicted = _word_tags(data, name, predictions)
   if name == "eval":
-    ner_data.write_conll(sentences, predicted, str(directory / EVAL_PREDICTIONS_FILE))
+    write_conll(sentences, predicted, str(directory / EVAL_PREDICTIONS_FILE))
     return
-  ner_data.write_conll(sentences, predicted, str(directory / TEST_PREDICTIONS_FILE))
+  write_conll(sentences, predicted, str(directory / TEST_PREDICTIONS_FILE))
   if sentences[0].tags is not None:
     scores = score_sentences(sentences, predicted)
     (directory / TEST_RESULTS_FILE).write_text(json.dumps(scores, indent=2) + "\n")

@@ -1,9 +1,10 @@
-"""GLUE: the tasks, their files (or TFDS), BERT's features, and leaderboard submission files.
+"""GLUE's data: the tasks, their files (or TFDS), and BERT's features of their examples.
 
   examples = read_examples("mrpc", "train", "glue_data")      # download_glue_data.py's layout
   examples = read_tfds_examples("mrpc", "dev")                # or TFDS glue/mrpc, prepared
   features = encode_examples(examples, TASKS["mrpc"], tokenizer, max_seq_length=128)
-  write_submission(TASKS["mrpc"], "test", test_examples, predictions, "out/MRPC.tsv")
+
+The leaderboard files of predictions are task output: `bertjax.tasks.glue.write_submission`.
 
 Files are read as google-research/bert's run_classifier.py and transformers' GLUE processors
 read them: tab-separated, no quoting (csv.QUOTE_NONE), each file's own columns, a header row
@@ -71,16 +72,6 @@ TASKS: dict[str, GlueTask] = {t.name: t for t in (
     GlueTask("ax", _NLI, ("test",)),  # the diagnostic set: MNLI's labels, test only
 )}
 
-# The GLUE leaderboard's file name for each test split's predictions.
-SUBMISSION_FILES: dict[tuple[str, str], str] = {
-    ("cola", "test"): "CoLA.tsv", ("sst2", "test"): "SST-2.tsv", ("mrpc", "test"): "MRPC.tsv",
-    ("qqp", "test"): "QQP.tsv", ("stsb", "test"): "STS-B.tsv",
-    ("mnli", "test_matched"): "MNLI-m.tsv", ("mnli", "test_mismatched"): "MNLI-mm.tsv",
-    ("qnli", "test"): "QNLI.tsv", ("rte", "test"): "RTE.tsv", ("wnli", "test"): "WNLI.tsv",
-    ("ax", "test"): "AX.tsv",
-}
-
-
 @dataclasses.dataclass(frozen=True)
 class Example:
   """One GLUE example.
@@ -145,7 +136,8 @@ def get_task(task: str) -> GlueTask:
   return TASKS[task]
 
 
-def _check_split(task: GlueTask, split: str) -> None:
+def check_split(task: GlueTask, split: str) -> None:
+  """UserError unless `task` has `split`, naming the splits it has."""
   if split not in task.splits:
     raise UserError(f"GLUE task {task.name!r} has no split {split!r}; use one of "
                     f"{', '.join(task.splits)}.")
@@ -154,7 +146,7 @@ def _check_split(task: GlueTask, split: str) -> None:
 def task_file(task: str, split: str, data_dir: str) -> str:
   """The path read_examples reads, e.g. DATA_DIR/MNLI/dev_matched.tsv."""
   glue_task = get_task(task)
-  _check_split(glue_task, split)
+  check_split(glue_task, split)
   name = "diagnostic.tsv" if task == "ax" else f"{split}.tsv"
   return os.path.join(os.fspath(data_dir), _DIRS[task], name)
 
@@ -263,7 +255,7 @@ def read_tfds_examples(task: str, split: str, data_dir: str | None = None, *,
       the split or glue/<task>'s features; its class names are not GLUE's.
   """
   glue_task = get_task(task)
-  _check_split(glue_task, split)
+  check_split(glue_task, split)
   name = name or f"glue/{task}"
   builder = sources.open_tfds_builder(name, data_dir,
                                       " (or read GLUE's .tsv files: --config.data.glue_dir)")
@@ -308,7 +300,7 @@ def _text(value) -> str:
 
 
 # ----------------------------------------------------------------------------------------------
-# Features and submissions.
+# Features.
 
 
 def _label_index(task: GlueTask, label: str, where: str) -> int | float:
@@ -389,45 +381,3 @@ def encode_examples(examples: Sequence[Example], task: GlueTask, tokenizer: Toke
         [_label_index(task, e.label, f"example {e.guid}") for e in examples],
         np.float32 if task.is_regression else np.int32).reshape(n)
   return features
-
-
-def write_submission(task: GlueTask, split: str, examples: Sequence[Example],
-                     predictions: np.ndarray, path: str) -> None:
-  """Writes predictions as a GLUE leaderboard file: "index<TAB>prediction", one row an example.
-
-  Args:
-    task: the task.
-    split: the split the examples are from (their guids are "<split>-<index>").
-    examples: N examples.
-    predictions: [N] class indices, or [N, num_labels] scores (the best is taken); for STS-B
-      [N] (or [N, 1]) scores, written clipped to [0, 5] with 3 decimals.
-    path: the file to write (SUBMISSION_FILES names the leaderboard's); written atomically.
-
-  Raises:
-    ValueError: predictions of the wrong shape, or an example not of `split`.
-  """
-  _check_split(task, split)
-  predictions = np.asarray(predictions)
-  n = len(examples)
-  if predictions.ndim == 2 and predictions.shape[1] == task.num_labels:
-    predictions = predictions[:, 0] if task.is_regression else predictions.argmax(axis=1)
-  if predictions.shape != (n,):
-    raise ValueError(f"predictions have shape {predictions.shape}; want ({n},) or "
-                     f"({n}, {task.num_labels}) for {n} {task.name} examples.")
-  lines = ["index\tprediction\n"]
-  for example, prediction in zip(examples, predictions):
-    if not example.guid.startswith(f"{split}-"):
-      raise ValueError(f"example {example.guid} is not of split {split!r}.")
-    if task.is_regression:
-      value = f"{float(np.clip(prediction, 0.0, 5.0)):.3f}"
-    elif 0 <= int(prediction) < task.num_labels:
-      value = task.labels[int(prediction)]
-    else:
-      raise ValueError(f"prediction {prediction} for {example.guid} is not a class of "
-                       f"{task.name} (0 to {task.num_labels - 1}).")
-    lines.append(f"{example.guid[len(split) + 1:]}\t{value}\n")
-  path = os.fspath(path)
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  with open(f"{path}.tmp", "w", encoding="utf-8") as f:
-    f.writelines(lines)
-  os.replace(f"{path}.tmp", path)

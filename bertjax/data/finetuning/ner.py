@@ -1,9 +1,11 @@
-"""CoNLL-2003 named-entity data: reading the files, BERT's token features, and back to words.
+"""CoNLL-2003 named-entity data: reading the files and BERT's token features of their words.
 
   sentences = read_conll("conll2003/train.txt")             # [Sentence(words, tags)]
   labels = label_list(sentences)                            # sorted tags, "O" among them
   features, windows = encode_sentences(sentences, labels, tokenizer, max_seq_length=128)
-  tags = tags_of_words(windows, sentences, predictions, features["label_weights"], labels)
+
+Predictions back to one tag per word, and the CoNLL files of them, are task output:
+`bertjax.tasks.ner.tags_of_words` and `write_conll`.
 
 Files are CoNLL-2003's as distributed: one word a line, "word POS chunk NER" separated by
 spaces or tabs (or "word tag", the 2-column variant; or only "word" for text to tag), a blank line
@@ -215,53 +217,3 @@ def encode_sentences(sentences: Sequence[Sentence], labels: Sequence[str], token
   if tagged:
     features["label_ids"] = label_ids
   return features, windows
-
-
-def tags_of_words(windows: Sequence[Window], sentences: Sequence[Sentence],
-                  predictions: np.ndarray, label_weights: np.ndarray,
-                  labels: Sequence[str]) -> list[list[str] | None]:
-  """Per-row predictions back to one tag per word of each sentence.
-
-  Args:
-    windows: the windows of encode_sentences, row r holding windows[r]'s words.
-    sentences: the S sentences they were made from.
-    predictions: [R, seq] predicted class ids, R <= len(windows) (the first R rows, as an
-      evaluation cut short by train.eval_steps gives).
-    label_weights: [R, seq], > 0 at each word's first sub-token.
-    labels: the classes.
-
-  Returns:
-    [S] for each sentence its predicted tags ([num_words] str), or None where a row of it is
-    missing (among the rows beyond R).
-
-  Raises:
-    ValueError: a row's first sub-tokens do not match its window's words.
-  """
-  out: list[list[str | None]] = [[None] * len(s.words) for s in sentences]
-  for r, (row, weights) in enumerate(zip(predictions, label_weights)):
-    window = windows[r]
-    ids = np.asarray(row)[np.asarray(weights) > 0]
-    if len(ids) != window.end - window.start:
-      raise ValueError(f"row {r} has {len(ids)} first sub-tokens but its window holds "
-                       f"{window.end - window.start} words; rows are out of order.")
-    out[window.sentence][window.start:window.end] = [labels[int(i)] for i in ids]
-  return [None if None in tags else tags for tags in out]
-
-
-def write_conll(sentences: Sequence[Sentence], predicted: Sequence[Sequence[str] | None],
-                path: str) -> None:
-  """Writes predictions in CoNLL format, as conlleval reads them: "word gold predicted" a line
-  ("word predicted" for sentences without tags), a blank line after each sentence. Sentences
-  whose prediction is None are left out. Written atomically."""
-  lines = []
-  for sentence, tags in zip(sentences, predicted):
-    if tags is None:
-      continue
-    golds = sentence.tags or [None] * len(sentence.words)
-    for word, gold, tag in zip(sentence.words, golds, tags):
-      lines.append(f"{word} {tag}\n" if gold is None else f"{word} {gold} {tag}\n")
-    lines.append("\n")
-  path = os.fspath(path)
-  with open(f"{path}.tmp", "w", encoding="utf-8") as f:
-    f.writelines(lines)
-  os.replace(f"{path}.tmp", path)
