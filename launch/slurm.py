@@ -11,7 +11,8 @@ Every subcommand takes --dry-run: it prints what it would do, shell-quoted and r
 and does nothing. `submit` writes the sbatch script to WORKDIR/JOB_NAME.sbatch and runs
 `sbatch` on it (its dry run prints the script as a here-document); `logs` runs `tail` on the
 job's log, WORKDIR/slurm-JOBID.out; `stop` runs `scancel`. Run it on the cluster's login node,
-where sbatch and scancel are; Python's standard library only (copy this file alone if you like).
+where sbatch and scancel are; Python's standard library only (copy this file with its
+launch/common.py, side by side, if you like).
 
 The job:
   * One process per node (`--ntasks-per-node=1`), driving all of the node's GPUs
@@ -61,46 +62,17 @@ Stopping, time limits, preemption:
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import re
 import shlex
-import shutil
-import subprocess
 import sys
 
+# launch/ is the script's directory, first on sys.path: its sibling module, by its name.
+from common import (HEREDOC_END, REPO_ROOT, LaunchError, Step, WriteFile, check_overrides,
+                    make_parser, parse_with_overrides, run_command)
+
 PROG = "slurm.py"
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-HEREDOC_END = "BERTJAX_SBATCH"  # ends the script in `submit --dry-run`'s here-document
 MAX_SIGNAL_TIME = 65535  # the most seconds sbatch's --signal=...@TIME takes
-
-
-class LaunchError(Exception):
-  """Bad input or a failed command: printed as one line, exit status 2 (or the command's)."""
-
-  def __init__(self, message: str, returncode: int = 2):
-    super().__init__(message)
-    self.returncode = returncode
-
-
-@dataclasses.dataclass(frozen=True)
-class WriteFile:
-  """A step that writes `text` to `path` (creating its directory).
-
-  Attributes:
-    path: absolute path of the file.
-    text: its content.
-  """
-  path: str
-  text: str
-
-  def shell(self) -> str:
-    """The step as shell lines: mkdir, then cat with a quoted here-document."""
-    return (f"mkdir -p {shlex.quote(os.path.dirname(self.path))}\n"
-            f"cat > {shlex.quote(self.path)} <<'{HEREDOC_END}'\n{self.text}{HEREDOC_END}")
-
-
-Step = list[str] | WriteFile
 
 
 # ----------------------------------------------------------------------------------------------
@@ -130,17 +102,6 @@ def slurm_seconds(time: str) -> int:
   else:  # M, M:S
     hours, minutes, seconds = 0, int(first), int(second or 0)
   return ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
-
-
-def check_overrides(extra: list[str]) -> list[str]:
-  """The --config.KEY=VALUE arguments passed through to bertjax.main."""
-  for arg in extra:
-    if not arg.startswith("--config."):
-      raise LaunchError(f"unrecognized argument {arg!r}; only --config.KEY=VALUE overrides "
-                        "pass through to bertjax (with `submit`).")
-    if "=" not in arg:
-      raise LaunchError(f"{arg}: write overrides as --config.KEY=VALUE (one argument).")
-  return extra
 
 
 def check_job(job: str) -> str:
@@ -209,7 +170,7 @@ def _main_command(args: argparse.Namespace, workdir: str, overrides: list[str]) 
 
 def sbatch_script(args: argparse.Namespace) -> str:
   """The batch script: #SBATCH options, environment, srun of bertjax.main, time-limit trap."""
-  overrides = check_overrides(args.overrides)
+  overrides = check_overrides(args.overrides, "submit")
   workdir = full_path(args.workdir)
   repo_dir = full_path(args.repo_dir)
   config_file = args.config.partition(":")[0]
@@ -306,14 +267,8 @@ COMMANDS = {"submit": submit_commands, "logs": logs_commands, "stop": stop_comma
 
 
 def build_parser() -> argparse.ArgumentParser:
-  common = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-  common.add_argument("--dry-run", action="store_true",
-                      help="print what it would run, ready to paste, and run nothing")
-
-  parser = argparse.ArgumentParser(
-      prog=PROG, allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
-      description=__doc__.split("\n\n")[0], epilog="See launch/README.md for the whole flow.")
-  sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+  parser, sub, common = make_parser(PROG, __doc__,
+                                    "print what it would run, ready to paste, and run nothing")
 
   p = sub.add_parser("submit", parents=[common], allow_abbrev=False,
                      help="write the sbatch script and submit it (extra --config.KEY=VALUE "
@@ -361,57 +316,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-  parser = build_parser()
-  args, extra = parser.parse_known_args(argv)
-  if extra and args.command != "submit":
-    parser.error(f"unrecognized arguments: {' '.join(extra)}")
-  args.overrides = extra
-  return args
-
-
-def show(step: Step) -> str:
-  """A step as shell text, ready to paste."""
-  return step.shell() if isinstance(step, WriteFile) else shlex.join(step)
-
-
-def execute(steps: list[Step]) -> None:
-  """Runs the steps in order; LaunchError at the first that fails or cannot start."""
-  for program in dict.fromkeys(s[0] for s in steps if not isinstance(s, WriteFile)):
-    if shutil.which(program) is None:
-      raise LaunchError(f"{program} is not on PATH; run this on the cluster's login node. "
-                        "--dry-run prints the commands without running them.")
-  for step in steps:
-    if isinstance(step, WriteFile):
-      print(f"+ write {step.path}", file=sys.stderr, flush=True)
-      try:
-        os.makedirs(os.path.dirname(step.path), exist_ok=True)
-        with open(step.path, "w", encoding="utf-8") as f:
-          f.write(step.text)
-      except OSError as e:
-        raise LaunchError(f"cannot write {step.path}: {e.strerror}") from e
-      continue
-    print(f"+ {shlex.join(step)}", file=sys.stderr, flush=True)
-    returncode = subprocess.run(step, check=False).returncode
-    if returncode != 0:
-      raise LaunchError(f"command failed (exit status {returncode}): {shlex.join(step)}",
-                        returncode)
+  return parse_with_overrides(build_parser(), argv, "submit")
 
 
 def main(argv: list[str] | None = None) -> int:
   args = parse_args(sys.argv[1:] if argv is None else argv)
-  try:
-    steps = COMMANDS[args.command](args)
-    if args.dry_run:
-      for step in steps:
-        print(show(step))
-    else:
-      execute(steps)
-  except LaunchError as e:
-    print(f"{PROG}: error: {e}", file=sys.stderr)
-    return e.returncode
-  except KeyboardInterrupt:  # e.g. the end of `logs --follow`
-    return 130
-  return 0
+  return run_command(PROG, COMMANDS, args, lambda program: "; run this on the cluster's login "
+                     "node.")
 
 
 if __name__ == "__main__":

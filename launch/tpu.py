@@ -62,6 +62,9 @@ Multi-host (pod slices, e.g. v4-32: 4 hosts of 4 chips, v5litepod-16: 2 hosts of
     pass --config.data.prepared=/mnt/BUCKET/data; else host 0 prepares WORKDIR/data while the
     other hosts wait.
   * The worker's service account needs read/write access to the bucket.
+
+The shell steps run on the workers are in launch/tpu_worker.py; what tpu.py shares with
+slurm.py (errors, --dry-run, running the commands) in launch/common.py.
 """
 from __future__ import annotations
 
@@ -69,23 +72,15 @@ import argparse
 import os
 import re
 import shlex
-import shutil
-import subprocess
 import sys
 import tempfile
 
-PROG = "tpu.py"
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# launch/ is the script's directory, first on sys.path: its sibling modules, by their names.
+import tpu_worker as worker
+from common import (REPO_ROOT, LaunchError, check_overrides, make_parser, parse_with_overrides,
+                    run_command)
 
-# On the workers (relative to the home directory of the ssh user).
-REMOTE_REPO = "$HOME/bertjax"
-REMOTE_VENV = "$HOME/bertjax-venv"
-REMOTE_LOG = "$HOME/bertjax-run.log"
-REMOTE_PID = "$HOME/bertjax-run.pid"
-REMOTE_TARBALL = "bertjax-src.tar.gz"  # scp'd into the home directory
-MOUNT_ROOT = "/mnt"  # --bucket=B is mounted at /mnt/B
-COORDINATOR_PORT = 8482  # jax's default for Cloud TPU (jax._src.clusters.cloud_tpu_cluster)
-METADATA_URL = "http://metadata.google.internal/computeMetadata/v1/instance/attributes/"
+PROG = "tpu.py"
 
 # TPU software version (runtime image) for JAX by TPU generation, as the Cloud TPU docs list them
 # ("TPU software versions": v6e, v5p, v5e; v4 and older share the Ubuntu 22.04 base image).
@@ -100,20 +95,6 @@ RUNTIME_VERSIONS = {
 
 # Left out of the tarball of the working tree.
 TAR_EXCLUDES = (".git", ".venv", "__pycache__", "*.egg-info", ".pytest_cache", "build", "dist")
-
-# Without gcsfuse on a worker, the run stops before it starts, saying where to get it.
-GCSFUSE_MISSING = (
-    "echo 'gcsfuse is not installed on this worker: install Cloud Storage FUSE as its guide says "
-    "(https://cloud.google.com/storage/docs/cloud-storage-fuse/install), on every worker' >&2; "
-    "exit 1")
-
-
-class LaunchError(Exception):
-  """Bad input or a failed command: printed as one line, exit status 2 (or the command's)."""
-
-  def __init__(self, message: str, returncode: int = 2):
-    super().__init__(message)
-    self.returncode = returncode
 
 
 # ----------------------------------------------------------------------------------------------
@@ -164,19 +145,8 @@ def resolve_workdir(workdir: str, bucket: str | None) -> str:
   if os.path.isabs(workdir):
     raise LaunchError(f"--workdir={workdir} with --bucket is a path inside the bucket, relative "
                       f"(e.g. runs/bert_base, which the workers see as "
-                      f"{MOUNT_ROOT}/{bucket}/runs/bert_base).")
-  return f"{MOUNT_ROOT}/{bucket}/{workdir}".rstrip("/")
-
-
-def check_overrides(extra: list[str]) -> list[str]:
-  """The --config.KEY=VALUE arguments passed through to bertjax.main."""
-  for arg in extra:
-    if not arg.startswith("--config."):
-      raise LaunchError(f"unrecognized argument {arg!r}; only --config.KEY=VALUE overrides "
-                        "pass through to bertjax (with `run`).")
-    if "=" not in arg:
-      raise LaunchError(f"{arg}: write overrides as --config.KEY=VALUE (one argument).")
-  return extra
+                      f"{worker.MOUNT_ROOT}/{bucket}/runs/bert_base).")
+  return f"{worker.MOUNT_ROOT}/{bucket}/{workdir}".rstrip("/")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -188,18 +158,9 @@ def _tpu_vm(verb: str, args: argparse.Namespace) -> list[str]:
           f"--project={args.project}", f"--zone={args.zone}"]
 
 
-def shell_line(steps: list[str]) -> str:
-  """Shell steps as one line that stops at the first failing step (`set -e`); a step ending in
-  `&` (started in the background) is followed by a space, as `&;` is a syntax error."""
-  line = "set -e"
-  for step in steps:
-    line += (" " if line.endswith("&") else "; ") + step
-  return line
-
-
 def _ssh_all(args: argparse.Namespace, steps: list[str]) -> list[str]:
   """One ssh running the shell `steps` on every worker of the TPU VM."""
-  return _tpu_vm("ssh", args) + ["--worker=all", f"--command={shell_line(steps)}"]
+  return _tpu_vm("ssh", args) + ["--worker=all", f"--command={worker.shell_line(steps)}"]
 
 
 def _queued_resource(verb: str, args: argparse.Namespace) -> list[str]:
@@ -246,110 +207,40 @@ def queue_delete_commands(args: argparse.Namespace) -> list[list[str]]:
   return [_queued_resource("delete", args) + ["--force"] + (["--quiet"] if args.yes else [])]
 
 
-def _not_running_step() -> str:
-  """Stops the script on a worker where a run started by `run` is still going on."""
-  return (f'if [ -f {REMOTE_PID} ] && kill -0 "$(cat {REMOTE_PID})" 2>/dev/null; then '
-          'echo "bertjax: a run is going on on $(hostname) '
-          f'(pid $(cat {REMOTE_PID})); stop it first (tpu.py stop)" >&2; exit 1; fi')
-
-
-def _python_steps() -> list[str]:
-  """Python >= 3.11 (jax's minimum) and git: the image's python3 if new enough (Ubuntu 24.04
-  images), else Ubuntu 22.04's python3.11 package."""
-  apt = "sudo DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 -qq"
-  return [
-      "if python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))'; "
-      "then PY=python3; else PY=python3.11; fi",
-      f"{apt} update",
-      f'{apt} install -y git "$PY" "$PY-venv"',
-  ]
-
-
 def setup_commands(args: argparse.Namespace) -> list[list[str]]:
   jax_version = pinned_jax_version()
   commands = []
-  if args.repo:
-    fetch = [f"rm -rf {REMOTE_REPO}",
-             f"git clone --quiet {shlex.quote(args.repo)} {REMOTE_REPO}"]
-    if args.ref:
-      fetch.append(f"git -C {REMOTE_REPO} checkout --quiet {shlex.quote(args.ref)}")
-  else:
+  if not args.repo:
     if args.ref:
       raise LaunchError("--ref needs --repo (without --repo, this working tree is copied).")
     tarball = os.path.join(tempfile.gettempdir(), f"bertjax-{args.name}.tar.gz")
     commands.append(["tar", "-czf", tarball, *[f"--exclude={p}" for p in TAR_EXCLUDES],
                      "-C", REPO_ROOT, "."])
     commands.append(["gcloud", "compute", "tpus", "tpu-vm", "scp", tarball,
-                     f"{args.name}:{REMOTE_TARBALL}", f"--project={args.project}",
+                     f"{args.name}:{worker.REMOTE_TARBALL}", f"--project={args.project}",
                      f"--zone={args.zone}", "--worker=all"])
-    fetch = [f"rm -rf {REMOTE_REPO}", f"mkdir -p {REMOTE_REPO}",
-             f"tar -xzf $HOME/{REMOTE_TARBALL} -C {REMOTE_REPO}",
-             f"rm $HOME/{REMOTE_TARBALL}"]
-  pip = f"{REMOTE_VENV}/bin/pip"
-  install = [
-      f'"$PY" -m venv {REMOTE_VENV}',
-      f"{pip} install -q --upgrade pip",
-      f"{pip} install -q -e {REMOTE_REPO} " + shlex.quote(f"jax[tpu]=={jax_version}"),
-      'echo "bertjax: set up on $(hostname)"',
-  ]
-  commands.append(_ssh_all(args, [_not_running_step(), *_python_steps(), *fetch, *install]))
+  commands.append(_ssh_all(args, [worker.not_running_step(), *worker.python_steps(),
+                                  *worker.fetch_steps(args.repo, args.ref),
+                                  *worker.install_steps(jax_version)]))
   return commands
 
 
-def _mount_steps(bucket: str) -> list[str]:
-  """Mounts gs://BUCKET at /mnt/BUCKET (once) with gcsfuse, which the worker must have.
-  --rename-dir-limit lets orbax rename a finished checkpoint's temporary directory."""
-  mount = f"{MOUNT_ROOT}/{bucket}"
-  return [
-      f"command -v gcsfuse >/dev/null || {{ {GCSFUSE_MISSING}; }}",
-      f"if ! mountpoint -q {mount}; then sudo mkdir -p {mount}; "
-      f'sudo chown "$(id -u):$(id -g)" {mount}; '
-      f"gcsfuse --implicit-dirs --rename-dir-limit=200000 {bucket} {mount}; fi",
-  ]
-
-
-def _coordinator_steps() -> list[str]:
-  """On a slice of more than one host, JAX_COORDINATOR_ADDRESS=<worker 0>:PORT, from the
-  metadata server's worker-network-endpoints ("h0,h1,..." or "name:id:ip,...")."""
-  return [
-      f"eps=$(curl -sf -H Metadata-Flavor:Google {METADATA_URL}worker-network-endpoints "
-      "|| true)",
-      'case "$eps" in *,*) w0=${eps%%,*}; '
-      f'export JAX_COORDINATOR_ADDRESS="${{w0##*:}}:{COORDINATOR_PORT}";; esac',
-  ]
-
-
 def run_commands(args: argparse.Namespace) -> list[list[str]]:
-  overrides = check_overrides(args.overrides)
+  overrides = check_overrides(args.overrides, "run")
   bucket = bucket_name(args.bucket) if args.bucket else None
   workdir = resolve_workdir(args.workdir, bucket)
   main = shlex.join(["python", "-m", "bertjax.main", f"--config={args.config}",
                      f"--workdir={workdir}", *overrides])
-  script = [
-      _not_running_step(),
-      *(_mount_steps(bucket) if bucket else []),
-      *_coordinator_steps(),
-      f"cd {REMOTE_REPO}",
-      f". {REMOTE_VENV}/bin/activate",
-      f"setsid nohup {main} > {REMOTE_LOG} 2>&1 < /dev/null &",
-      f"echo $! > {REMOTE_PID}",
-      f'echo "bertjax: started on $(hostname) (pid $!); log: {REMOTE_LOG}"',
-  ]
-  return [_ssh_all(args, script)]
+  return [_ssh_all(args, worker.run_steps(main, bucket))]
 
 
 def logs_commands(args: argparse.Namespace) -> list[list[str]]:
-  tail = f"tail -n {args.lines}{' -F' if args.follow else ''} {REMOTE_LOG}"
+  tail = worker.tail_step(args.lines, args.follow)
   return [_tpu_vm("ssh", args) + [f"--worker={args.worker}", f"--command={tail}"]]
 
 
 def stop_commands(args: argparse.Namespace) -> list[list[str]]:
-  script = [
-      f'if [ -f {REMOTE_PID} ] && kill -TERM "$(cat {REMOTE_PID})" 2>/dev/null; '
-      'then echo "bertjax: SIGTERM sent on $(hostname); it saves a checkpoint and exits"; '
-      'else echo "bertjax: no run going on on $(hostname)"; fi',
-  ]
-  return [_ssh_all(args, script)]
+  return [_ssh_all(args, worker.stop_steps())]
 
 
 def delete_commands(args: argparse.Namespace) -> list[list[str]]:
@@ -367,20 +258,14 @@ COMMANDS = {"create": create_commands, "setup": setup_commands, "run": run_comma
 
 
 def build_parser() -> argparse.ArgumentParser:
-  common = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+  parser, sub, common = make_parser(PROG, __doc__,
+                                    "print the commands, one a line, and run nothing")
   common.add_argument("--project", default=os.environ.get("CLOUDSDK_CORE_PROJECT"),
                       help="Google Cloud project (default: $CLOUDSDK_CORE_PROJECT)")
   common.add_argument("--zone", default=os.environ.get("CLOUDSDK_COMPUTE_ZONE"),
                       help="zone of the TPU, e.g. us-central2-b (default: $CLOUDSDK_COMPUTE_ZONE)")
   common.add_argument("--name", default=os.environ.get("TPU_NAME"),
                       help="name of the TPU VM (default: $TPU_NAME)")
-  common.add_argument("--dry-run", action="store_true",
-                      help="print the commands, one a line, and run nothing")
-
-  parser = argparse.ArgumentParser(
-      prog=PROG, allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
-      description=__doc__.split("\n\n")[0], epilog="See launch/README.md for the whole flow.")
-  sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
   accelerator = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
   accelerator.add_argument(
@@ -426,7 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--workdir", required=True,
                  help="workdir on the workers; with --bucket, a path inside the bucket")
   p.add_argument("--bucket", default=None,
-                 help=f"Cloud Storage bucket mounted with gcsfuse at {MOUNT_ROOT}/BUCKET on "
+                 help=f"Cloud Storage bucket mounted with gcsfuse at {worker.MOUNT_ROOT}/BUCKET on "
                       "every worker; the workdir goes there")
 
   p = sub.add_parser("logs", parents=[common], allow_abbrev=False,
@@ -446,10 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
   parser = build_parser()
-  args, extra = parser.parse_known_args(argv)
-  if extra and args.command != "run":
-    parser.error(f"unrecognized arguments: {' '.join(extra)}")
-  args.overrides = extra
+  args = parse_with_overrides(parser, argv, "run")
   for flag, env in (("project", "CLOUDSDK_CORE_PROJECT"), ("zone", "CLOUDSDK_COMPUTE_ZONE"),
                     ("name", "TPU_NAME")):
     if not getattr(args, flag):
@@ -457,37 +339,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
   return args
 
 
-def execute(commands: list[list[str]]) -> None:
-  """Runs the commands in order; LaunchError at the first that fails or cannot start."""
-  for program in dict.fromkeys(cmd[0] for cmd in commands):
-    if shutil.which(program) is None:
-      hint = (" Install the Google Cloud CLI (https://cloud.google.com/sdk/docs/install) and "
-              "run `gcloud auth login`." if program == "gcloud" else "")
-      raise LaunchError(f"{program} is not on PATH.{hint} --dry-run prints the commands "
-                        "without running them.")
-  for cmd in commands:
-    print(f"+ {shlex.join(cmd)}", file=sys.stderr, flush=True)
-    returncode = subprocess.run(cmd, check=False).returncode
-    if returncode != 0:
-      raise LaunchError(f"command failed (exit status {returncode}): {shlex.join(cmd)}",
-                        returncode)
+def _not_on_path(program: str) -> str:
+  """Where to get a program the commands need (gcloud)."""
+  return (". Install the Google Cloud CLI (https://cloud.google.com/sdk/docs/install) and run "
+          "`gcloud auth login`." if program == "gcloud" else ".")
 
 
 def main(argv: list[str] | None = None) -> int:
   args = parse_args(sys.argv[1:] if argv is None else argv)
-  try:
-    commands = COMMANDS[args.command](args)
-    if args.dry_run:
-      for cmd in commands:
-        print(shlex.join(cmd))
-    else:
-      execute(commands)
-  except LaunchError as e:
-    print(f"{PROG}: error: {e}", file=sys.stderr)
-    return e.returncode
-  except KeyboardInterrupt:  # e.g. the end of `logs --follow`
-    return 130
-  return 0
+  return run_command(PROG, COMMANDS, args, _not_on_path)
 
 
 if __name__ == "__main__":
