@@ -32,7 +32,7 @@ def get_config(arg=None):
   # false: "No NSP", the masked LM alone (objective=mlm only: ltr never has NSP)
 
   config.model = ml_collections.ConfigDict()
-  config.model.size = "tiny"  # bertjax.models.bert.SIZES: tiny mini small medium base large
+  config.model.size = "tiny"  # bertjax.models.config.SIZES: tiny mini small medium base large
   config.model.hidden_act = "gelu"  # "gelu" (exact, erf) or "gelu_tanh" (tanh approximation)
   config.model.dtype = "auto"  # compute dtype: auto (bfloat16 on GPU/TPU, float32 on CPU),
   # float32 or bfloat16; params, LayerNorm, softmax and loss stay float32

@@ -31,7 +31,8 @@ from bertjax.data.finetuning import movie_reviews
 from bertjax.data.pretraining import loader, shards
 from bertjax.data.pretraining import examples as pe
 from bertjax.errors import UserError
-from bertjax.models import bert, heads
+from bertjax.models import attention, bert, heads
+from bertjax.models.config import bert_config
 from bertjax.tasks import finetuning, pretraining
 
 from test_attention import cudnn_run_by_xla, packed_batch, unpacked_batch
@@ -39,9 +40,9 @@ from test_readme import _section_commands
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # As tests/test_attention.py: logits O(1), and XLA's quick compile.
-CONFIG = bert.bert_config("tiny", vocab_size=101, num_layers=2, max_position_embeddings=64,
-                          dropout_rate=0.0, attention_dropout_rate=0.0, initializer_range=0.2,
-                          hidden_act="gelu_tanh", causal=True)
+CONFIG = bert_config("tiny", vocab_size=101, num_layers=2, max_position_embeddings=64,
+                     dropout_rate=0.0, attention_dropout_rate=0.0, initializer_range=0.2,
+                     hidden_act="gelu_tanh", causal=True)
 jit = functools.partial(jax.jit, compiler_options={"xla_backend_optimization_level": 0,
                                                    "xla_llvm_disable_expensive_passes": True})
 
@@ -254,15 +255,15 @@ def test_splash_causal_mask_equals_the_causal_reference_in_the_interpreter():
   q, k, v = (jax.random.normal(jax.random.key(i), (batch, seq, heads_, head_dim))
              for i in range(3))
   real = np.arange(seq)[None, :] < np.array([[128], [90]])
-  mask = bert.AttentionMask(jnp.asarray(real, jnp.int32))
+  mask = attention.AttentionMask(jnp.asarray(real, jnp.int32))
 
   def reference(q, k, v):
     scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(head_dim)
     probs = jax.nn.softmax(jnp.where(mask.dense(causal=True), scores, -np.inf), axis=-1)
     return jnp.einsum("bhqk,bkhd->bqhd", probs, v)
 
-  out, expected = jit(lambda: (bert.splash_attention(q, k, v, mask, causal=True, interpret=True),
-                               reference(q, k, v)))()
+  splash = functools.partial(attention.splash_attention, causal=True, interpret=True)
+  out, expected = jit(lambda: (splash(q, k, v, mask), reference(q, k, v)))()
   np.testing.assert_allclose(np.asarray(out)[real], np.asarray(expected)[real], atol=1e-5)
   dense = np.asarray(mask.dense(causal=True))[1, 0]
   assert dense[5, :6].all() and not dense[5, 6:].any() and dense[100, :90].all()

@@ -1,5 +1,6 @@
 """The attention paths, sequence packing, remat and the padded vocabulary against the reference
-path (bertjax.models.bert, bertjax.models.heads), on a tiny float32 model on CPU.
+path (bertjax.models.attention, bertjax.models.bert, bertjax.models.heads), on a tiny float32
+model on CPU.
 
 The cuDNN path runs here with jax's 'xla' implementation fed the exact arguments the 'cudnn' path
 builds, and the splash kernel runs in the Pallas interpreter, so both are checked without a GPU
@@ -18,13 +19,14 @@ import optax
 import pytest
 from flax import traverse_util
 
-from bertjax.models import bert, heads
+from bertjax.models import attention, heads
+from bertjax.models.config import FUSED_ATTENTIONS, bert_config
 
 # initializer_range 0.2 (not 0.02) makes the logits O(1), so 1e-5 is a sharp tolerance; the tanh
 # GELU compiles faster than erf's and is beside the point here.
-CONFIG = bert.bert_config("tiny", vocab_size=101, num_layers=2, max_position_embeddings=64,
-                          dropout_rate=0.0, attention_dropout_rate=0.0, initializer_range=0.2,
-                          hidden_act="gelu_tanh")
+CONFIG = bert_config("tiny", vocab_size=101, num_layers=2, max_position_embeddings=64,
+                     dropout_rate=0.0, attention_dropout_rate=0.0, initializer_range=0.2,
+                     hidden_act="gelu_tanh")
 # XLA's CPU compile dominates this file's time and the tiny model's run time is nothing, so every
 # jit here asks for the quick compile (about 2x faster).
 jit = functools.partial(jax.jit, compiler_options={"xla_backend_optimization_level": 0,
@@ -154,7 +156,7 @@ def cudnn_run_by_xla():
     seen.append(sorted(kwargs))
     return original(query, key, value, implementation="xla", **kwargs)
 
-  with mock.patch.object(bert, "resolve_attention", lambda *a, **k: "cudnn"), \
+  with mock.patch.object(attention, "resolve_attention", lambda *a, **k: "cudnn"), \
        mock.patch.object(jax.nn, "dot_product_attention", run_by_xla):
     yield seen
 
@@ -249,7 +251,7 @@ def test_packing_without_sequence_ids_attends_across():
   assert np.abs(np.asarray(nsp[row, slot] - expected_nsp[1])).max() > 1e-2
 
 
-def reference_attention(q, k, v, mask: bert.AttentionMask):
+def reference_attention(q, k, v, mask: attention.AttentionMask):
   """Softmax attention by the dense mask: [batch, seq, heads, head_dim] q, k, v -> the same."""
   scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(q.shape[-1])
   probs = jax.nn.softmax(jnp.where(mask.dense(), scores, -np.inf), axis=-1)
@@ -257,9 +259,9 @@ def reference_attention(q, k, v, mask: bert.AttentionMask):
 
 
 @jit
-def cudnn_arguments_by_xla(q, k, v, mask: bert.AttentionMask):
+def cudnn_arguments_by_xla(q, k, v, mask: attention.AttentionMask):
   return jax.nn.dot_product_attention(q, k, v, implementation="xla",
-                                      **bert.dot_product_attention_kwargs(mask, "cudnn"))
+                                      **attention.dot_product_attention_kwargs(mask, "cudnn"))
 
 
 def test_dot_product_attention_kwargs_give_the_reference_attention():
@@ -268,18 +270,18 @@ def test_dot_product_attention_kwargs_give_the_reference_attention():
   q, k, v = (jax.random.normal(jax.random.key(i), (3, UNPACKED_SEQ, 2, 64)) for i in range(3))
   input_mask = unpacked_batch()["input_mask"]  # rows of 6, 9 and 5 real tokens
   sequence_ids = np.array([[1] * 4 + [2] * 5 + [0] * 3, [1] * 9 + [2] * 3, [1] * 12], np.int32)
-  masks = {"unpacked": bert.AttentionMask(jnp.asarray(input_mask)),
-           "packed": bert.AttentionMask(jnp.asarray(sequence_ids > 0, jnp.int32),
-                                        jnp.asarray(sequence_ids))}
+  masks = {"unpacked": attention.AttentionMask(jnp.asarray(input_mask)),
+           "packed": attention.AttentionMask(jnp.asarray(sequence_ids > 0, jnp.int32),
+                                             jnp.asarray(sequence_ids))}
   for name, mask in masks.items():
-    kwargs = bert.dot_product_attention_kwargs(mask, "cudnn")
+    kwargs = attention.dot_product_attention_kwargs(mask, "cudnn")
     assert sorted(kwargs) == (["mask"] if name == "packed" else ["key_value_seq_lengths"])
     if name == "unpacked":
       np.testing.assert_array_equal(kwargs["key_value_seq_lengths"], [6, 9, 5])
       assert kwargs["key_value_seq_lengths"].dtype == jnp.int32
     assert_close(cudnn_arguments_by_xla(q, k, v, mask), jit(reference_attention)(q, k, v, mask),
                  1e-5, name)
-    assert sorted(bert.dot_product_attention_kwargs(mask, "xla")) == ["mask"]
+    assert sorted(attention.dot_product_attention_kwargs(mask, "xla")) == ["mask"]
 
 
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN flash attention needs a GPU")
@@ -293,16 +295,16 @@ def test_cudnn_kernel_honours_lengths_and_the_packed_mask_on_a_gpu():
   input_mask = (np.arange(128) < lengths[:, None]).astype(np.int32)
   sequence_ids = np.zeros((3, 128), np.int32)
   sequence_ids[0, :50], sequence_ids[0, 50:120], sequence_ids[1], sequence_ids[2, :9] = 1, 2, 1, 1
-  masks = {"unpacked": bert.AttentionMask(jnp.asarray(input_mask)),
-           "packed": bert.AttentionMask(jnp.asarray(sequence_ids > 0, jnp.int32),
-                                        jnp.asarray(sequence_ids))}
+  masks = {"unpacked": attention.AttentionMask(jnp.asarray(input_mask)),
+           "packed": attention.AttentionMask(jnp.asarray(sequence_ids > 0, jnp.int32),
+                                             jnp.asarray(sequence_ids))}
   for name, mask in masks.items():
     real = np.asarray(mask.input_mask, bool)
     weights = jax.random.normal(jax.random.key(9), shape) * real[:, :, None, None]
 
     def cudnn(q, k, v):
       return jax.nn.dot_product_attention(q, k, v, implementation="cudnn",
-                                          **bert.dot_product_attention_kwargs(mask, "cudnn"))
+                                          **attention.dot_product_attention_kwargs(mask, "cudnn"))
 
     def reference(q, k, v):
       f32 = lambda x: x.astype(jnp.float32)
@@ -324,11 +326,11 @@ def test_cudnn_kernel_honours_lengths_and_the_packed_mask_on_a_gpu():
 def test_packed_attention_mask_exact():
   ids = jnp.array([[1, 1, 2, 0]], jnp.int32)
   expected = np.array([[1, 1, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]], bool)
-  mask = bert.AttentionMask(jnp.array([[1, 1, 1, 0]]), ids)
+  mask = attention.AttentionMask(jnp.array([[1, 1, 1, 0]]), ids)
   np.testing.assert_array_equal(mask.dense(), expected[None, None])
   np.testing.assert_array_equal(mask.segment_ids(), ids)
-  unpacked = bert.AttentionMask(jnp.array([[1, 1, 1, 0]]))
-  np.testing.assert_array_equal(unpacked.dense(), bert.attention_mask(unpacked.input_mask))
+  unpacked = attention.AttentionMask(jnp.array([[1, 1, 1, 0]]))
+  np.testing.assert_array_equal(unpacked.dense(), attention.attention_mask(unpacked.input_mask))
   np.testing.assert_array_equal(unpacked.segment_ids(), [[1, 1, 1, 0]])
 
 
@@ -342,12 +344,12 @@ def test_splash_kernel_equals_reference_attention_in_the_interpreter():
   sequence_ids = np.zeros((batch, seq), np.int32)
   sequence_ids[0, :50], sequence_ids[0, 50:90], sequence_ids[1, :100] = 1, 2, 1
   real = sequence_ids > 0
-  packed = bert.AttentionMask(jnp.asarray(real, jnp.int32), jnp.asarray(sequence_ids))
-  unpacked = bert.AttentionMask(jnp.asarray(real, jnp.int32))
+  packed = attention.AttentionMask(jnp.asarray(real, jnp.int32), jnp.asarray(sequence_ids))
+  unpacked = attention.AttentionMask(jnp.asarray(real, jnp.int32))
   weights = jax.random.normal(jax.random.key(9), q.shape) * real[:, :, None, None]
 
   def splash(q, k, v, mask):
-    return bert.splash_attention(q, k, v, mask, interpret=True)
+    return attention.splash_attention(q, k, v, mask, interpret=True)
 
   def outputs_and_grads(attend):  # packed: outputs and the gradients of sum(out * weights)
     out, vjp = jax.vjp(lambda q, k, v: attend(q, k, v, packed), q, k, v)
@@ -368,12 +370,12 @@ def test_splash_refuses_lengths_and_backends_it_cannot_run():
     jax.eval_shape(functools.partial(model.init, deterministic=True), jax.random.key(0),
                    ids, ids, ids)
   with pytest.raises(ValueError, match="multiple of 128, got 100"):
-    bert.resolve_attention(_with(attention="splash"), "tpu", seq_len=100)
+    attention.resolve_attention(_with(attention="splash"), "tpu", seq_len=100)
   x = jnp.zeros((1, 100, 2, 64))
   with pytest.raises(ValueError, match="multiple of 128, got 100"):
-    bert.splash_attention(x, x, x, bert.AttentionMask(jnp.ones((1, 100), jnp.int32)))
+    attention.splash_attention(x, x, x, attention.AttentionMask(jnp.ones((1, 100), jnp.int32)))
   with pytest.raises(ValueError, match="cudnn attention needs an NVIDIA GPU"):
-    bert.resolve_attention(_with(attention="cudnn", dtype="bfloat16"), "cpu")
+    attention.resolve_attention(_with(attention="cudnn", dtype="bfloat16"), "cpu")
 
 
 BF16 = _with(dtype="bfloat16")
@@ -395,22 +397,22 @@ BF16 = _with(dtype="bfloat16")
     (_with(attention_dropout_rate=0.1), "cpu", 128, "reference"),
 ])
 def test_auto_resolution(config, backend, seq_len, expected):
-  assert bert.resolve_attention(_with(config, attention="auto"), backend, seq_len) == expected
+  assert attention.resolve_attention(_with(config, attention="auto"), backend, seq_len) == expected
 
 
 @pytest.mark.parametrize("path", ["reference", "xla", "cudnn", "splash"])
 def test_explicit_paths_resolve_to_themselves(path):
   config = _with(attention=path, dtype="bfloat16")
   backend = {"cudnn": "gpu", "splash": "tpu"}.get(path, "cpu")
-  assert bert.resolve_attention(config, backend, 128) == path
+  assert attention.resolve_attention(config, backend, 128) == path
 
 
 def test_fused_attention_with_dropout_and_cudnn_in_float32_are_refused():
-  for path in bert.FUSED_ATTENTIONS:
+  for path in FUSED_ATTENTIONS:
     with pytest.raises(ValueError, match="cannot drop attention probabilities"):
-      bert.bert_config("tiny", attention=path, attention_dropout_rate=0.1, dtype="bfloat16")
+      bert_config("tiny", attention=path, attention_dropout_rate=0.1, dtype="bfloat16")
   with pytest.raises(ValueError, match="'cudnn' needs dtype='bfloat16'"):
-    bert.bert_config("tiny", attention="cudnn", attention_dropout_rate=0.0)
+    bert_config("tiny", attention="cudnn", attention_dropout_rate=0.0)
 
 
 def test_packed_batch_for_a_model_without_packing_is_refused():

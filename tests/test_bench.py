@@ -12,14 +12,15 @@ import pytest
 
 from bertjax.tools import bench
 from bertjax.errors import UserError
-from bertjax.models import bert, heads
+from bertjax.models import heads
+from bertjax.models.config import BertConfig, bert_config
 
 TINY = dict(batch_size=4, seq_len=16, max_predictions=3, steps=2, warmup=1, vocab_size=128)
 
 
 def _check_figures(rows):
   """Every row's figures are positive, finite and consistent with TINY's shapes."""
-  flops = bench.model_flops(bert.bert_config("tiny", vocab_size=128), 4, 16, 3)
+  flops = bench.model_flops(bert_config("tiny", vocab_size=128), 4, 16, 3)
   for r in rows:
     for key in ("step_ms", "step_ms_min", "tokens_per_s", "examples_per_s",
                 "achieved_flops_per_s"):
@@ -89,8 +90,8 @@ def test_hf_flax_without_flax_bert_is_a_user_error(monkeypatch, capsys):
 
 
 def test_model_flops_by_hand():
-  config = bert.BertConfig(vocab_size=10, hidden_size=4, num_layers=2, num_heads=2,
-                           intermediate_size=8)
+  config = BertConfig(vocab_size=10, hidden_size=4, num_layers=2, num_heads=2,
+                      intermediate_size=8)
   # B=3, S=5, P=2, L=2, H=4, F=8, V=10:
   layers = 6 * 3 * 5 * 2 * (4 * 16 + 2 * 4 * 8)  # 6 tokens L (4H^2 + 2HF) = 23040
   attention = 12 * 3 * 2 * 25 * 4  # 12 B L S^2 H = 7200
@@ -163,7 +164,7 @@ def test_compiled_memory_without_running(capsys):
   [none] = bench.main(args)
   [full] = bench.main(args + ["--remat=full"])
   assert "total GiB" in capsys.readouterr().out and none["step_ms"] is None
-  model = heads.BertForPreTraining(bert.bert_config("tiny", vocab_size=128))
+  model = heads.BertForPreTraining(bert_config("tiny", vocab_size=128))
   shapes = jax.eval_shape(lambda rng, batch: heads.init_from_batch(model, rng, batch),
                           jax.random.PRNGKey(0), bench.make_batch(128, 8, 128, 20))
   params = sum(math.prod(x.shape) for x in jax.tree.leaves(flax.linen.unbox(shapes)))

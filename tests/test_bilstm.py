@@ -26,6 +26,7 @@ from bertjax.convert import hf
 from bertjax.errors import UserError
 from bertjax.models import bert, bilstm, heads
 from bertjax.models.config import BertConfig
+from bertjax.models.config import BertConfig
 from bertjax.tasks import FINETUNING, finetuning
 
 

@@ -1,4 +1,4 @@
-"""Tests of bertjax.models.bert and bertjax.models.heads on tiny configs (CPU, a few seconds)."""
+"""Tests of bertjax.models.{config,bert,heads} on tiny configs (CPU, a few seconds)."""
 import dataclasses
 import functools
 import math
@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from bertjax.models import bert, heads
+from bertjax.models import attention, bert, heads
+from bertjax.models.config import SIZES, BertConfig, bert_config
 
-TINY = bert.BertConfig(vocab_size=100, hidden_size=32, num_layers=2, num_heads=4,
-                       intermediate_size=64, max_position_embeddings=32)
+TINY = BertConfig(vocab_size=100, hidden_size=32, num_layers=2, num_heads=4,
+                  intermediate_size=64, max_position_embeddings=32)
 BATCH, SEQ, NUM_PRED = 2, 8, 3
 
 
@@ -36,7 +37,7 @@ def _batch(seq=SEQ, pad_to=None):
   return input_ids, segment_ids, input_mask, positions
 
 
-def _replace(config: bert.BertConfig, **changes) -> bert.BertConfig:
+def _replace(config: BertConfig, **changes) -> BertConfig:
   return dataclasses.replace(config, **changes)
 
 
@@ -82,7 +83,7 @@ def _count(tree) -> int:
     ("base", 1, 109_482_240), ("large", 1, 335_141_888),
     ("base", 128, 109_482_240 + 70 * 768), ("large", 128, 335_141_888 + 70 * 1024)])
 def test_parameter_count_of_published_sizes(size, pad, expected):
-  config = bert.bert_config(size, pad_vocab_to_multiple=pad)  # 512 positions, 2 token types
+  config = bert_config(size, pad_vocab_to_multiple=pad)  # 512 positions, 2 token types
   ids = jnp.zeros((1, 8), jnp.int32)
   abstract = jax.eval_shape(
       lambda: bert.BertEncoder(config).init(jax.random.key(0), ids, ids, ids, deterministic=True))
@@ -90,16 +91,16 @@ def test_parameter_count_of_published_sizes(size, pad, expected):
 
 
 def test_size_table():
-  assert list(bert.SIZES) == ["tiny", "mini", "small", "medium", "base", "large"]
-  tiny = bert.bert_config("tiny")
+  assert list(SIZES) == ["tiny", "mini", "small", "medium", "base", "large"]
+  tiny = bert_config("tiny")
   assert (tiny.num_layers, tiny.hidden_size, tiny.num_heads, tiny.intermediate_size) == (
       2, 128, 2, 512)
-  assert bert.bert_config("medium", dtype="bfloat16").num_layers == 8
-  assert bert.bert_config("medium", dtype="bfloat16").compute_dtype == jnp.bfloat16
+  assert bert_config("medium", dtype="bfloat16").num_layers == 8
+  assert bert_config("medium", dtype="bfloat16").compute_dtype == jnp.bfloat16
 
 
 def test_attention_mask_exact():
-  mask = bert.attention_mask(jnp.array([[1, 1, 0], [1, 0, 0]], jnp.int32))
+  mask = attention.attention_mask(jnp.array([[1, 1, 0], [1, 0, 0]], jnp.int32))
   row0 = [True, True, False]
   row1 = [True, False, False]
   expected = np.array([[[row0, row0, row0]], [[row1, row1, row1]]])
@@ -118,14 +119,14 @@ def test_attention_mask_exact():
 ])
 def test_config_validation(kwargs):
   with pytest.raises(ValueError):
-    bert.BertConfig(**kwargs)
+    BertConfig(**kwargs)
 
 
 def test_bert_config_rejects_unknown_size_and_field():
   with pytest.raises(ValueError, match="unknown BERT size"):
-    bert.bert_config("huge")
+    bert_config("huge")
   with pytest.raises(ValueError, match="hidden_dim"):
-    bert.bert_config("tiny", hidden_dim=64)
+    bert_config("tiny", hidden_dim=64)
 
 
 def test_sequence_longer_than_positions_raises():
@@ -139,7 +140,7 @@ def test_self_attention_matches_numpy_reference():
   config = TINY
   x = jax.random.normal(jax.random.key(1), (BATCH, SEQ, config.hidden_size))
   input_mask = jnp.asarray(_batch()[2])
-  mask = bert.AttentionMask(input_mask)
+  mask = attention.AttentionMask(input_mask)
   layer = bert.SelfAttention(config)
   params = nn.unbox(layer.init(jax.random.key(2), x, mask, deterministic=True))["params"]
   got = layer.apply({"params": params}, x, mask, deterministic=True)

@@ -21,14 +21,15 @@ _SCRIPT = textwrap.dedent(f"""
     assert jax.device_count() == 8, jax.devices()
     from bertjax.training import parallel, train
     from bertjax.errors import UserError
-    from bertjax.models import bert, heads
+    from bertjax.models import heads
+    from bertjax.models.config import BertConfig
     import test_train as t
 
     def task(pad):
-      config = bert.BertConfig(vocab_size=30522, hidden_size=32, num_layers=2, num_heads=4,
-                               intermediate_size=64, max_position_embeddings=32,
-                               dropout_rate=0.0, attention_dropout_rate=0.0,
-                               pad_vocab_to_multiple=pad)
+      config = BertConfig(vocab_size=30522, hidden_size=32, num_layers=2, num_heads=4,
+                          intermediate_size=64, max_position_embeddings=32,
+                          dropout_rate=0.0, attention_dropout_rate=0.0,
+                          pad_vocab_to_multiple=pad)
       base = t._task(t._config())
       return train.Task(model=heads.BertForPreTraining(config), terms=base.terms,
                         batches=base.batches, score=base.score)

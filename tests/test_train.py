@@ -17,7 +17,8 @@ from bertjax.tools import bench
 from bertjax.training import flops, parallel, train
 from bertjax.data.pretraining import examples as pe
 from bertjax.errors import UserError
-from bertjax.models import bert, heads
+from bertjax.models import heads
+from bertjax.models.config import bert_config
 from bertjax.tasks import pretraining
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -91,8 +92,8 @@ def _task(config, dropout=0.1):
 
 
 def _bert_config(dropout):
-  return bert.bert_config("tiny", vocab_size=SPECIAL.vocab_size, dropout_rate=dropout,
-                          attention_dropout_rate=dropout, max_position_embeddings=32)
+  return bert_config("tiny", vocab_size=SPECIAL.vocab_size, dropout_rate=dropout,
+                     attention_dropout_rate=dropout, max_position_embeddings=32)
 
 
 def _first_batch(task):

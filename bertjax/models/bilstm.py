@@ -32,7 +32,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bertjax.models.bert import BertConfig, BertOutput
+from bertjax.models.bert import BertOutput
+from bertjax.models.config import BertConfig
 
 NAME = "bilstm"  # the top-level parameter group of a BiLSTM on a BERT model
 

@@ -43,7 +43,7 @@ import jax
 import jax.numpy as jnp
 
 from bertjax.models import bert, bilstm, heads
-from bertjax.models.bert import BertConfig
+from bertjax.models.config import BertConfig
 
 LAYER_COMBINATIONS = ("embeddings", "second_to_last", "last", "weighted_sum_last_four",
                       "concat_last_four", "weighted_sum_all")

@@ -56,7 +56,7 @@ import jax
 import jax.numpy as jnp
 
 from bertjax.models import bert, bilstm
-from bertjax.models.bert import BertConfig
+from bertjax.models.config import BertConfig
 from bertjax.models.dropout import Dropout
 
 # The inputs of every BertFor* model, in the order of its __call__'s arguments.

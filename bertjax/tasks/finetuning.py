@@ -55,7 +55,7 @@ from bertjax import model_files, tokenization
 from bertjax.training import compile_ahead, model_options, parallel, train
 from bertjax.data.pipeline import FeatureBatches
 from bertjax.errors import UserError
-from bertjax.models.bert import BertConfig
+from bertjax.models.config import BertConfig
 
 Features = Mapping[str, np.ndarray]  # {key: [N, ...]}, every key with the same N
 # Batches whose widths are compiled ahead (`Batches.samples`); rarer widths compile when met.

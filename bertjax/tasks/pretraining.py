@@ -49,7 +49,8 @@ from bertjax.data import prepare, sources
 from bertjax.data.pretraining import loader
 from bertjax.data.pretraining import examples as pe
 from bertjax.errors import UserError
-from bertjax.models import bert, heads
+from bertjax.models import config as bert_configs
+from bertjax.models import heads
 
 DATA_DIR = "data"  # WORKDIR/data: the config's text, prepared on first use
 OBJECTIVES = ("mlm", "ltr")  # config.pretraining.objective: masked LM, left-to-right LM
@@ -119,11 +120,11 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   model_config(config, data.vocab_size)  # the model fields, before any text is prepared
 
 
-def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> bert.BertConfig:
+def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> bert_configs.BertConfig:
   """The frozen BertConfig of `config.model` for a vocabulary of `vocab_size`."""
   m = config.model
   try:
-    bert_config = bert.bert_config(
+    bert_config = bert_configs.bert_config(
         m.size, vocab_size=vocab_size, hidden_act=m.hidden_act,
         max_position_embeddings=m.max_position_embeddings, causal=is_left_to_right(config),
         **model_options.bert_overrides(m))

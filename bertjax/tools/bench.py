@@ -85,7 +85,9 @@ import numpy as np  # pylint: disable=wrong-import-position
 
 from bertjax.errors import UserError  # pylint: disable=wrong-import-position
 from bertjax.training.flops import model_flops, peak_flops  # pylint: disable=wrong-import-position
-from bertjax.models import bert  # pylint: disable=wrong-import-position
+from bertjax.models.attention import resolve_attention  # pylint: disable=wrong-import-position
+from bertjax.models.config import (  # pylint: disable=wrong-import-position
+    ATTENTIONS, REMATS, SIZES, BertConfig, bert_config)
 
 PEERS = ("bertjax", "torch", "hf_flax")
 DTYPES = ("float32", "bfloat16")
@@ -301,7 +303,7 @@ def bench_bertjax(size: str, batch: dict[str, np.ndarray], vocab_size: int, dtyp
   planned = dict(compiled_memory_bytes(compiled), **saved_activation_bytes(
       loss, setup.abstract_state["params"], batch_spec, seq_len=seq_len))
   result = dict(device=device.device_kind, platform=device.platform,
-                attention=bert.resolve_attention(model_config, seq_len=seq_len),
+                attention=resolve_attention(model_config, seq_len=seq_len),
                 compiled_memory=planned)
   if options.memory_only:
     return dict(result, step_times_s=[], peak_memory_bytes=0)
@@ -322,7 +324,7 @@ def bench_bertjax(size: str, batch: dict[str, np.ndarray], vocab_size: int, dtyp
   return dict(result, step_times_s=times, peak_memory_bytes=int(peak))
 
 
-def _hf_config(config: bert.BertConfig):
+def _hf_config(config: BertConfig):
   """transformers.BertConfig of the same size as `config`, with the paper's dropout 0.1."""
   import transformers  # pylint: disable=import-outside-toplevel
   return transformers.BertConfig(
@@ -351,7 +353,7 @@ def default_peers() -> tuple[str, ...]:
   return PEERS if flax_bert_for_pretraining() is not None else ("bertjax", "torch")
 
 
-def bench_hf_flax(config: bert.BertConfig, batch: dict[str, np.ndarray], dtype: str, steps: int,
+def bench_hf_flax(config: BertConfig, batch: dict[str, np.ndarray], dtype: str, steps: int,
                   warmup: int) -> dict[str, Any]:
   """Times a jitted train step of transformers' FlaxBertForPreTraining; returns the same fields."""
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
@@ -413,7 +415,7 @@ def bench_hf_flax(config: bert.BertConfig, batch: dict[str, np.ndarray], dtype: 
               platform=device.platform)
 
 
-def bench_torch(config: bert.BertConfig, batch: dict[str, np.ndarray], dtype: str, steps: int,
+def bench_torch(config: BertConfig, batch: dict[str, np.ndarray], dtype: str, steps: int,
                 warmup: int) -> dict[str, Any]:
   """Times a Hugging Face BertForPreTraining train step; returns the same fields."""
   import torch  # pylint: disable=import-outside-toplevel
@@ -467,8 +469,8 @@ def _check_options(options: BertjaxOptions, peers: Sequence[str], seq_len: int,
                    max_predictions: int) -> None:
   """Raises UserError naming the first of bertjax's own flags that cannot work."""
   from bertjax.training import optim  # pylint: disable=import-outside-toplevel
-  for flag, value, allowed in (("attention", options.attention, bert.ATTENTIONS),
-                               ("remat", options.remat, bert.REMATS),
+  for flag, value, allowed in (("attention", options.attention, ATTENTIONS),
+                               ("remat", options.remat, REMATS),
                                ("optimizer", options.optimizer, optim.OPTIMIZERS)):
     if value not in allowed:
       raise UserError(f"unknown --{flag} {value!r}; use one of {', '.join(allowed)}.")
@@ -486,11 +488,11 @@ def _check_options(options: BertjaxOptions, peers: Sequence[str], seq_len: int,
 def _check(sizes: Sequence[str], peers: Sequence[str], dtype: str, **positive: int) -> None:
   """Raises UserError naming the first argument that cannot work."""
   for size in sizes:
-    if size not in bert.SIZES:
-      raise UserError(f"unknown --size {size!r}; use one or more of {','.join(bert.SIZES)} "
+    if size not in SIZES:
+      raise UserError(f"unknown --size {size!r}; use one or more of {','.join(SIZES)} "
                       "(comma-separated).")
   if not sizes:
-    raise UserError(f"--size is empty; give one or more of {','.join(bert.SIZES)}.")
+    raise UserError(f"--size is empty; give one or more of {','.join(SIZES)}.")
   for peer in peers:
     if peer not in PEERS:
       raise UserError(f"unknown --peers entry {peer!r}; use one or more of {','.join(PEERS)}.")
@@ -531,8 +533,8 @@ def run(sizes: Sequence[str] = ("tiny",), peers: Sequence[str] | None = None, ba
   _check_options(options, peers, seq_len, max_predictions)
   rows = []
   for size in sizes:
-    config = bert.bert_config(size, vocab_size=vocab_size, dtype=dtype,
-                              max_position_embeddings=max(512, seq_len))
+    config = bert_config(size, vocab_size=vocab_size, dtype=dtype,
+                         max_position_embeddings=max(512, seq_len))
     batch = make_batch(vocab_size, batch_size, seq_len, max_predictions, packing=options.packing)
     flops = model_flops(config, batch_size, seq_len, max_predictions)
     by_peer = {}

@@ -96,7 +96,8 @@ def prepare(directory: str, *, num_train: int, num_dev: int, size: str, num_laye
   from bertjax import model_files, tokenization
   from bertjax.convert import __main__ as convert
   from bertjax.data.finetuning import glue as glue_data
-  from bertjax.models import bert, heads
+  from bertjax.models import heads
+  from bertjax.models.config import bert_config
 
   glue_dir = movie_reviews.write_sst2(prepared.glue_dir, num_dev=num_dev,
                                       num_train=num_train, seed=seed)
@@ -104,8 +105,8 @@ def prepare(directory: str, *, num_train: int, num_dev: int, size: str, num_laye
   vocab = os.path.join(directory, tokenization.MODEL_FILE)
   tokenizer = tokenization.load_or_train_sentencepiece(
       lambda: (e.text_a for e in train_examples), vocab, vocab_size)
-  config = bert.bert_config(size, num_layers=num_layers, vocab_size=tokenizer.vocab_size,
-                            max_position_embeddings=max(512, max_seq_length))
+  config = bert_config(size, num_layers=num_layers, vocab_size=tokenizer.vocab_size,
+                       max_position_embeddings=max(512, max_seq_length))
   ids = np.zeros((1, 8), np.int32)
   params = heads.BertForPreTraining(config).init(jax.random.PRNGKey(seed), ids, ids, ids,
                                                  deterministic=True)["params"]
@@ -282,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
                                    description=__doc__.split("\n\n")[0])
   parser.add_argument("--num_train", type=int, default=3200, help="training sentences")
   parser.add_argument("--num_dev", type=int, default=800, help="dev sentences scored")
-  parser.add_argument("--size", default="small", help="a row of bertjax.models.bert.SIZES")
+  parser.add_argument("--size", default="small", help="a row of bertjax.models.config.SIZES")
   parser.add_argument("--num_layers", type=int, default=6, help="layers (overrides the size's)")
   parser.add_argument("--batch_size", type=int, default=32)
   parser.add_argument("--eval_batch_size", type=int, default=64)

@@ -16,7 +16,7 @@ MFU = model FLOPs / step time / (devices x the device's dense peak for the compu
 """
 from __future__ import annotations
 
-from bertjax.models import bert
+from bertjax.models.config import BertConfig
 
 # Dense peak FLOP/s per device by (device-kind substring, compute dtype); the first match wins,
 # so a longer name comes before its prefix ("TPU v5 lite" before "TPU v5"). float32 on GPUs is
@@ -47,7 +47,7 @@ def peak_flops(device_kind: str, dtype: str) -> float | None:
   return None
 
 
-def model_flops(config: bert.BertConfig, batch_size: int, seq_len: int,
+def model_flops(config: BertConfig, batch_size: int, seq_len: int,
                 max_predictions: int) -> int:
   """Training FLOPs of one step by the formula in the module docstring (exact integer).
 

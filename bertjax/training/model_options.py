@@ -13,7 +13,8 @@ import jax
 import ml_collections
 
 from bertjax.errors import UserError
-from bertjax.models import bert
+from bertjax.models.attention import resolve_attention
+from bertjax.models.config import BertConfig
 
 AUTO = "auto"
 
@@ -44,12 +45,12 @@ def bert_overrides(model: ml_collections.ConfigDict) -> dict[str, Any]:
   return overrides
 
 
-def check_attention(config: bert.BertConfig, seq_lens: list[int]) -> None:
+def check_attention(config: BertConfig, seq_lens: list[int]) -> None:
   """Raises UserError where the config's attention path cannot run here at one of `seq_lens`
   (splash off a TPU or at a length not a multiple of 128, cudnn off a GPU), naming the fix."""
   for seq_len in seq_lens:
     try:
-      bert.resolve_attention(config, seq_len=seq_len)
+      resolve_attention(config, seq_len=seq_len)
     except ValueError as e:
       raise UserError(f"model.attention={config.attention!r}: {e}".replace(
           "attention=auto", "--config.model.attention=auto")) from None

@@ -1,0 +1,281 @@
+"""Attention itself, after the projections: the masks, the choice of kernel and the call to it.
+
+`BertConfig.attention` names the path, `resolve_attention` says what 'auto' means on this backend
+and sequence length, and `attend` runs the chosen one on projected heads ([batch, seq, heads,
+head_dim] query, key and value); `bertjax.models.bert.SelfAttention` holds the projections and
+their parameters, this module none (as maxtext's attention_op.py beside its attentions.py).
+
+The paths: 'reference' is the paper's einsum with dropout on the attention probabilities
+(`reference_attention`); 'xla' and 'cudnn' call jax.nn.dot_product_attention
+(`dot_product_attention_kwargs` says which mask arguments each gets); 'splash' is the Pallas TPU
+kernel (`splash_attention`). They agree at every real token (tests/test_attention.py).
+A causal model (`BertConfig.causal`, the paper's left-to-right ablation) hides later keys on
+every path: the dense mask is lower-triangular, cuDNN unpacked gets is_causal, splash its
+CausalMask (tests/test_ablations.py).
+
+Who may attend to whom is an `AttentionMask`: the batch's input_mask, and for a packed batch
+(Krell et al. 2021: several sequences share a row) its sequence_ids, by which attention is
+block-diagonal on every path; each path takes it in the form it honours (a dense boolean mask,
+key lengths, or segment ids).
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from bertjax.models.config import BertConfig
+
+def attention_mask(input_mask: jax.Array) -> jax.Array:
+  """Which keys each query may attend to: every real (non-padding) token, as BERT does.
+
+  Only keys are masked. A query at a padding position still attends to the real tokens, so no
+  softmax row is ever empty; outputs at padding positions are meaningless and ignored.
+
+  Args:
+    input_mask: [batch, seq] 1 (or True) for real tokens, 0 for padding.
+  Returns:
+    [batch, 1, seq, seq] bool, True where query q may attend to key k (broadcasts over heads).
+  """
+  batch, seq = input_mask.shape
+  keys = input_mask.astype(bool)[:, None, None, :]  # [batch, seq] -> [batch, 1, 1, seq(k)]
+  return jnp.broadcast_to(keys, (batch, 1, seq, seq))
+
+
+def packed_attention_mask(sequence_ids: jax.Array) -> jax.Array:
+  """Which keys each query may attend to in a packed batch: those of its own sequence.
+
+  Block-diagonal (Krell et al. 2021): no token attends across the sequences packed in a row.
+  Padding (id 0) attends only padding, so no softmax row is empty.
+
+  Args:
+    sequence_ids: [batch, seq] int, 1..k numbering the sequences packed in a row, 0 at padding.
+  Returns:
+    [batch, 1, seq, seq] bool, True where sequence_ids[q] == sequence_ids[k].
+  """
+  # [batch, seq(q), 1] == [batch, 1, seq(k)] -> [batch, seq, seq] -> [batch, 1, seq, seq]
+  return (sequence_ids[:, :, None] == sequence_ids[:, None, :])[:, None]
+
+
+def causal_mask(seq: int) -> jax.Array:
+  """Which keys each query may attend to in a left-to-right model: itself and those before it.
+
+  Returns:
+    [1, 1, seq, seq] bool, True where key k <= query q (lower triangular; broadcasts over the
+    batch and the heads).
+  """
+  return jnp.tril(jnp.ones((seq, seq), bool))[None, None]
+
+
+class AttentionMask(NamedTuple):
+  """Who may attend to whom, kept in the forms the attention paths take (a pytree).
+
+  Attributes:
+    input_mask: [batch, seq] 1 for real tokens, 0 for padding. Right-padded (each row's real
+      tokens first), as every batch bertjax builds is: the cuDNN path reads only its row sums.
+    sequence_ids: [batch, seq] int, 1..k numbering the sequences packed in a row, 0 at padding;
+      None for an unpacked batch (one sequence a row).
+  """
+  input_mask: jax.Array
+  sequence_ids: jax.Array | None = None
+
+  def dense(self, causal: bool = False) -> jax.Array:
+    """[batch, 1, seq, seq] bool, True where query q may attend to key k: `attention_mask`
+    unpacked, `packed_attention_mask` packed; with `causal` (BertConfig.causal) also only keys
+    k <= q (`causal_mask`). A padding query still attends some key (a real one before it, or
+    itself packed), so no softmax row is empty."""
+    if self.sequence_ids is None:
+      dense = attention_mask(self.input_mask)
+    else:
+      dense = packed_attention_mask(self.sequence_ids)
+    return dense & causal_mask(dense.shape[-1]) if causal else dense
+
+  def segment_ids(self) -> jax.Array:
+    """[batch, seq] int32 ids such that q may attend k iff their ids are equal: sequence_ids
+    packed, input_mask unpacked (so a padding query attends padding keys only; the real tokens'
+    outputs are the same as under `dense`, the padding positions' are meaningless either way)."""
+    ids = self.input_mask if self.sequence_ids is None else self.sequence_ids
+    return ids.astype(jnp.int32)
+
+
+def _cudnn_fits(config: BertConfig, seq_len: int | None) -> bool:
+  """Whether cuDNN flash attention takes this model's shapes: fp16/bf16 inputs, head_dim a
+  multiple of 8 and at most 128 (256 from Hopper on; 128 is safe everywhere), and an even
+  sequence length (cuDNN's training kernel with a bias, which a packed batch passes)."""
+  return (config.compute_dtype == jnp.bfloat16 and config.head_dim % 8 == 0
+          and config.head_dim <= 128 and (seq_len is None or seq_len % 2 == 0))
+
+
+def resolve_attention(config: BertConfig, backend: str | None = None,
+                      seq_len: int | None = None) -> str:
+  """The attention path a model runs: config.attention, or what 'auto' means here.
+
+  'auto' is 'reference' when attention_dropout_rate > 0 (no fused kernel drops attention
+  probabilities); else 'splash' on TPU (when seq_len is a multiple of 128, else 'xla'),
+  'cudnn' on GPU (when cuDNN takes the shapes: bfloat16 compute, head_dim a multiple of 8 up to
+  128, even seq_len; else 'xla'), and 'xla' on CPU.
+
+  Args:
+    config: the model's BertConfig.
+    backend: 'cpu', 'gpu' or 'tpu'; None = `jax.default_backend()`.
+    seq_len: the sequence length the model is called with (the model passes it); None = not
+      known yet (taken to suit every kernel).
+  Returns:
+    'reference', 'xla', 'cudnn' or 'splash'.
+  Raises:
+    ValueError: an explicit choice the backend or the length cannot run (splash off TPU or at a
+      length that is not a multiple of 128, cudnn off GPU), naming the fix.
+  """
+  backend = backend or jax.default_backend()
+  choice = config.attention
+  if choice == "auto":
+    if config.attention_dropout_rate > 0:
+      return "reference"
+    if backend == "tpu":
+      return "splash" if seq_len is None or seq_len % 128 == 0 else "xla"
+    if backend == "gpu":
+      return "cudnn" if _cudnn_fits(config, seq_len) else "xla"
+    return "xla"
+  if choice == "splash":
+    if backend != "tpu":
+      raise ValueError(f"splash attention needs a TPU, and this backend is {backend!r}; use "
+                       "attention=auto (or xla).")
+    if seq_len is not None and seq_len % 128:
+      raise ValueError(f"splash attention needs a sequence length that is a multiple of 128, "
+                       f"got {seq_len}; pad the sequences to a multiple of 128 or use "
+                       "attention=auto (which takes xla there).")
+  if choice == "cudnn" and backend != "gpu":
+    raise ValueError(f"cudnn attention needs an NVIDIA GPU, and this backend is {backend!r}; "
+                     "use attention=auto (or xla).")
+  return choice
+
+
+def dot_product_attention_kwargs(mask: AttentionMask, implementation: str,
+                                 causal: bool = False) -> dict:
+  """The masking arguments of `jax.nn.dot_product_attention` for 'xla' or 'cudnn'.
+
+  What each implementation honours (jax/_src/nn/functions.py and
+  jax/_src/cudnn/fused_attention_stablehlo.py, jax 0.10): 'xla' applies a boolean `mask` and
+  `key_value_seq_lengths` alike, to the float32 logits. 'cudnn' turns a boolean `mask` into an
+  additive bias [batch, 1, seq, seq] that its kernel reads in full, while sequence lengths become
+  its PADDING mask type, which skips the padded key blocks.
+
+  Unpacked, the keys to hide are each row's padding tail, so cuDNN gets key_value_seq_lengths
+  (the row sums of the right-padded input_mask); query_seq_lengths stays unset (jax then uses
+  the full length), so padding queries attend the real keys exactly as `attention_mask` says.
+
+  Packed, lengths cannot say "attend only your own sequence", so both get the block-diagonal
+  mask. Do not replace it by lengths or segment ids that a kernel may ignore: the maxtext
+  issue 4476 trap, where a fused kernel silently attended across packed sequences. cuDNN honours
+  the mask as a bias of -2^41 (bf16) on the blocked logits, so no probability crosses sequences.
+
+  Causal (BertConfig.causal): unpacked, cuDNN gets is_causal with the lengths (its
+  PADDING_CAUSAL mask type, which skips the blocks above the diagonal); otherwise the dense mask
+  is the causal one (`AttentionMask.dense(causal=True)`).
+
+  Args:
+    mask: the batch's AttentionMask.
+    implementation: 'xla' or 'cudnn'.
+    causal: keys after the query are hidden too.
+  Returns:
+    {'mask': [batch, 1, seq, seq] bool} or {'key_value_seq_lengths': [batch] int32} (and
+    'is_causal': True when causal).
+  """
+  if implementation == "cudnn" and mask.sequence_ids is None:
+    lengths = {"key_value_seq_lengths": mask.input_mask.sum(axis=-1, dtype=jnp.int32)}
+    return {**lengths, "is_causal": True} if causal else lengths
+  return {"mask": mask.dense(causal)}
+
+
+def reference_attention(query: jax.Array, key: jax.Array, value: jax.Array, mask: jax.Array,
+                        config: BertConfig, *,
+                        dropout: Callable[[jax.Array], jax.Array]) -> jax.Array:
+  """The paper's attention: float32 scores and softmax, dropout on the probabilities.
+
+  Args:
+    query, key, value: [batch, seq, heads, head_dim] in the compute dtype.
+    mask: [batch, 1, seq, seq] bool, True where query q may attend to key k
+      (`AttentionMask.dense`).
+    config: the model's BertConfig (head_dim, compute dtype).
+    dropout: applied to the [batch, heads, seq, seq] float32 probabilities (the calling
+      module's Dropout, which draws from its 'dropout' rng).
+  Returns:
+    [batch, seq, heads, head_dim] in the compute dtype.
+  """
+  # [batch, q, heads, head_dim] x [batch, k, heads, head_dim] -> [batch, heads, q, k]
+  scores = jnp.einsum("bqhd,bkhd->bhqk", query, key, preferred_element_type=jnp.float32)
+  scores = scores * (1.0 / math.sqrt(config.head_dim))
+  scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)  # mask broadcasts over heads
+  probs = dropout(jax.nn.softmax(scores, axis=-1))  # float32
+  # [batch, heads, q, k] x [batch, k, heads, head_dim] -> [batch, q, heads, head_dim]
+  return jnp.einsum("bhqk,bkhd->bqhd", probs.astype(config.compute_dtype), value)
+
+
+def attend(query: jax.Array, key: jax.Array, value: jax.Array, mask: AttentionMask,
+           config: BertConfig, *, dropout: Callable[[jax.Array], jax.Array]) -> jax.Array:
+  """Multi-head attention on the path `resolve_attention` picks for this backend and length.
+
+  Every path attends each query to the keys `mask` allows (and, in a causal model, only to
+  those at or before it) and gives the same outputs at real tokens.
+
+  Args:
+    query, key, value: [batch, seq, heads, head_dim] in the compute dtype.
+    mask: the batch's AttentionMask.
+    config: the model's BertConfig (attention, causal, head_dim, compute dtype).
+    dropout: the attention-probability dropout, which only the 'reference' path applies (a
+      fused path is chosen only when attention_dropout_rate is 0).
+  Returns:
+    [batch, seq, heads, head_dim], the heads' contexts before the output projection.
+  """
+  implementation = resolve_attention(config, seq_len=query.shape[1])
+  if implementation == "reference":
+    return reference_attention(query, key, value, mask.dense(config.causal), config,
+                               dropout=dropout)
+  if implementation == "splash":
+    return splash_attention(query, key, value, mask, causal=config.causal)
+  return jax.nn.dot_product_attention(  # [batch, seq, heads, head_dim] in and out
+      query, key, value, implementation=implementation,
+      **dot_product_attention_kwargs(mask, implementation, config.causal))
+
+
+def splash_attention(query: jax.Array, key: jax.Array, value: jax.Array, mask: AttentionMask, *,
+                     causal: bool = False, interpret: bool = False) -> jax.Array:
+  """Multi-head attention by the Pallas splash-attention kernel (TPU), block-diagonal by segment.
+
+  The kernel takes one example's [heads, seq, head_dim] and does not scale the logits, so the
+  query is scaled by 1/sqrt(head_dim) here and the kernel is vmapped over the batch. Its mask is
+  full (or, causal, the kernel's CausalMask, which also skips the blocks above the diagonal);
+  which sequence a query may attend comes from SegmentIds (`AttentionMask.segment_ids`), which
+  the kernel applies in every block.
+
+  Args:
+    query, key, value: [batch, seq, heads, head_dim] in the compute dtype; seq a multiple of 128.
+    mask: the batch's AttentionMask.
+    causal: keys after the query are hidden too (BertConfig.causal).
+    interpret: run the kernel in the Pallas interpreter (any backend, slow: for tests).
+  Returns:
+    [batch, seq, heads, head_dim].
+  """
+  from jax.experimental.pallas.ops.tpu import splash_attention as splash  # TPU-only kernel
+
+  batch, seq, heads, head_dim = query.shape
+  if seq % 128:
+    raise ValueError(f"splash attention needs a sequence length that is a multiple of 128, got "
+                     f"{seq}; pad the sequences to a multiple of 128 or use attention=auto.")
+  block = next(b for b in (512, 256, 128) if seq % b == 0)  # the largest tile that divides seq
+  kernel = splash.make_splash_mha(
+      splash.MultiHeadMask([(splash.CausalMask if causal else splash.FullMask)((seq, seq))]
+                           * heads),
+      block_sizes=splash.BlockSizes(
+          block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
+          block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block),
+      head_shards=1, q_seq_shards=1, interpret=interpret)
+  # [batch, seq, heads, head_dim] -> [batch, heads, seq, head_dim]
+  to_heads_first = lambda x: jnp.swapaxes(x, 1, 2)
+  query = to_heads_first(query * jnp.asarray(1.0 / math.sqrt(head_dim), query.dtype))
+  ids = mask.segment_ids()  # [batch, seq]
+  out = jax.vmap(lambda q, k, v, i: kernel(q, k, v, segment_ids=splash.SegmentIds(q=i, kv=i)))(
+      query, to_heads_first(key), to_heads_first(value), ids)
+  return to_heads_first(out)  # [batch, heads, seq, head_dim] -> [batch, seq, heads, head_dim]

@@ -1,0 +1,177 @@
+"""The BERT encoder's hyperparameters: `BertConfig`, the published sizes and `bert_config`.
+
+A frozen dataclass, validated when it is built, so a model is never constructed from a
+configuration it cannot run: the attention path (`ATTENTIONS`; the fused ones, `FUSED_ATTENTIONS`,
+apply no attention dropout), the activation checkpointing (`REMATS`), the compute and storage
+dtypes and the activation are checked by name here. `bertjax.models.attention` resolves 'auto'
+to a path; `bertjax.models.bert` builds the modules from the config. bert_config.json
+(`bertjax.model_files`) holds these fields, so a field's name and meaning are a file format.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+ATTENTIONS = ("auto", "reference", "xla", "cudnn", "splash")
+FUSED_ATTENTIONS = ("xla", "cudnn", "splash")  # no dropout on the attention probabilities
+REMATS = ("none", "full", "dots")
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+_ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
+    "gelu": lambda x: nn.gelu(x, approximate=False),  # exact: x * Phi(x), with erf
+    "gelu_tanh": lambda x: nn.gelu(x, approximate=True),  # tanh approximation
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class BertConfig:
+  """Hyperparameters of a BERT encoder; defaults are BERT-base (uncased vocabulary).
+
+  Attributes:
+    vocab_size: rows of the word-embedding table (V).
+    hidden_size: width of every hidden state (H); divisible by num_heads.
+    num_layers: transformer layers (L).
+    num_heads: attention heads (A); head_dim = H / A.
+    intermediate_size: feed-forward width (F), 4 H in every published size.
+    max_position_embeddings: rows of the learned position table; the longest sequence the model
+      takes.
+    type_vocab_size: rows of the token-type (segment) table.
+    dropout_rate: dropout on the embeddings and on each residual branch.
+    attention_dropout_rate: dropout on the attention probabilities.
+    layer_norm_eps: LayerNorm epsilon.
+    initializer_range: stddev of the (truncated normal) kernel and embedding init.
+    hidden_act: 'gelu' (exact, erf; original BERT) or 'gelu_tanh' (tanh approximation).
+    dtype: compute dtype of the matrix multiplies, 'float32' or 'bfloat16'.
+    param_dtype: storage dtype of the parameters, 'float32' (or 'bfloat16').
+    attention: how attention is computed: 'reference' (the paper's einsum, attention dropout
+      included), 'xla' or 'cudnn' (jax.nn.dot_product_attention; cudnn needs bfloat16 and a
+      GPU), 'splash' (the Pallas splash-attention kernel; TPU, sequence lengths a multiple of
+      128), or 'auto' (the fastest the backend has, `attention.resolve_attention`; 'reference'
+      when attention_dropout_rate > 0, which fused kernels cannot apply).
+    remat: activation checkpointing of each layer (`bert.layer_class`): 'none', 'full' (recompute
+      the whole layer in the backward pass) or 'dots' (keep the projections' outputs, recompute
+      the rest).
+    pad_vocab_to_multiple: the word-embedding table and the MLM output have
+      `padded_vocab_size` rows (vocab_size rounded up to this multiple), so the vocabulary axis
+      splits over tensor-parallel devices and matmuls get aligned shapes; padded rows never
+      receive probability mass. 1 = no padding.
+    causal: each token attends only to itself and the tokens before it (a left-to-right
+      model: the paper's "LTR & No NSP" ablation, section 5.1), on every attention path; the
+      pooler then reads each sequence's last real token (its final [SEP], the only one that
+      sees the whole sequence, as OpenAI GPT classifies from its last token) instead of [CLS].
+      A property of the weights, so bert_config.json records it and fine-tuning keeps it.
+  """
+  vocab_size: int = 30522
+  hidden_size: int = 768
+  num_layers: int = 12
+  num_heads: int = 12
+  intermediate_size: int = 3072
+  max_position_embeddings: int = 512
+  type_vocab_size: int = 2
+  dropout_rate: float = 0.1
+  attention_dropout_rate: float = 0.1
+  layer_norm_eps: float = 1e-12
+  initializer_range: float = 0.02
+  hidden_act: str = "gelu"
+  dtype: str = "float32"
+  param_dtype: str = "float32"
+  attention: str = "reference"
+  remat: str = "none"
+  pad_vocab_to_multiple: int = 128
+  causal: bool = False
+
+  def __post_init__(self):
+    for field in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
+                  "max_position_embeddings", "type_vocab_size", "pad_vocab_to_multiple"):
+      value = getattr(self, field)
+      if not isinstance(value, int) or value < 1:
+        raise ValueError(f"BertConfig.{field}={value!r}; it must be a positive integer.")
+    if self.hidden_size % self.num_heads:
+      raise ValueError(
+          f"BertConfig.hidden_size={self.hidden_size} is not divisible by num_heads="
+          f"{self.num_heads}; choose a hidden size that is a multiple of the head count.")
+    for field in ("dropout_rate", "attention_dropout_rate"):
+      value = getattr(self, field)
+      if not 0.0 <= value < 1.0:
+        raise ValueError(f"BertConfig.{field}={value!r}; it must lie in [0, 1).")
+    if self.hidden_act not in _ACTIVATIONS:
+      raise ValueError(f"BertConfig.hidden_act={self.hidden_act!r}; use one of "
+                       f"{sorted(_ACTIVATIONS)}.")
+    for field in ("dtype", "param_dtype"):
+      if getattr(self, field) not in _DTYPES:
+        raise ValueError(f"BertConfig.{field}={getattr(self, field)!r}; use one of "
+                         f"{sorted(_DTYPES)}.")
+
+    if self.attention not in ATTENTIONS:
+      raise ValueError(f"BertConfig.attention={self.attention!r}; use one of {list(ATTENTIONS)}.")
+    if self.attention in FUSED_ATTENTIONS and self.attention_dropout_rate > 0:
+      raise ValueError(
+          f"BertConfig.attention={self.attention!r} is a fused kernel, which cannot drop "
+          f"attention probabilities, but attention_dropout_rate={self.attention_dropout_rate}; "
+          "set attention_dropout_rate=0 (as MosaicBERT and ModernBERT train), or use "
+          "attention='reference' for the paper's exact recipe.")
+    if self.attention == "cudnn" and self.dtype != "bfloat16":
+      raise ValueError(
+          f"BertConfig.attention='cudnn' needs dtype='bfloat16' (cuDNN flash attention takes "
+          f"half-precision inputs only), but dtype={self.dtype!r}; set dtype=bfloat16, or use "
+          "attention='auto', which takes 'xla' in float32.")
+    if self.remat not in REMATS:
+      raise ValueError(f"BertConfig.remat={self.remat!r}; use one of {list(REMATS)}.")
+    if not isinstance(self.causal, bool):
+      raise ValueError(f"BertConfig.causal={self.causal!r}; it must be true or false.")
+
+  @property
+  def padded_vocab_size(self) -> int:
+    """vocab_size rounded up to a multiple of pad_vocab_to_multiple: the rows of the
+    word-embedding table and of the MLM output bias."""
+    m = self.pad_vocab_to_multiple
+    return -(-self.vocab_size // m) * m
+
+  @property
+  def head_dim(self) -> int:
+    return self.hidden_size // self.num_heads
+
+  @property
+  def compute_dtype(self) -> jnp.dtype:
+    return jnp.dtype(_DTYPES[self.dtype])
+
+  @property
+  def storage_dtype(self) -> jnp.dtype:
+    return jnp.dtype(_DTYPES[self.param_dtype])
+
+  @property
+  def activation(self) -> Callable[[jax.Array], jax.Array]:
+    return _ACTIVATIONS[self.hidden_act]
+
+
+# The published sizes (google-research/bert README); intermediate_size = 4 * hidden_size.
+SIZES: dict[str, dict[str, int]] = {
+    name: dict(num_layers=layers, hidden_size=hidden, num_heads=heads,
+               intermediate_size=4 * hidden)
+    for name, (layers, hidden, heads) in {
+        "tiny": (2, 128, 2),
+        "mini": (4, 256, 4),
+        "small": (4, 512, 8),
+        "medium": (8, 512, 8),
+        "base": (12, 768, 12),
+        "large": (24, 1024, 16),
+    }.items()
+}
+
+
+def bert_config(size: str, **overrides) -> BertConfig:
+  """The BertConfig of a row of SIZES, with any field replaced by `overrides`.
+
+  Raises:
+    ValueError: unknown size, unknown field, or a resulting config that fails validation.
+  """
+  if size not in SIZES:
+    raise ValueError(f"unknown BERT size {size!r}; use one of {list(SIZES)}.")
+  fields = {f.name for f in dataclasses.fields(BertConfig)}
+  unknown = sorted(set(overrides) - fields)
+  if unknown:
+    raise ValueError(f"unknown BertConfig field(s) {unknown}; the fields are {sorted(fields)}.")
+  return BertConfig(**{**SIZES[size], **overrides})
