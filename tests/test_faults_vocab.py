@@ -1,6 +1,7 @@
 """Faults of vocabularies: continued pretraining keeps init_checkpoint's vocabulary, an empty or
-corrupt vocab.model is one clear message, and WordPiece's longest word follows the vocabulary's
-origin (Google's 200 characters, a Hugging Face tokenizer.json's own)."""
+corrupt vocab.model is one clear message, a corpus on one line (over sentencepiece's line limit)
+is one clear message, and WordPiece's longest word follows the vocabulary's origin (Google's 200
+characters, a Hugging Face tokenizer.json's own)."""
 import shutil
 
 import numpy as np
@@ -8,7 +9,7 @@ import pytest
 
 from bertjax import tokenization
 from bertjax.data import sources
-from test_pretraining import _assert_fails_cleanly, _flags, _run
+from test_pretraining import _assert_fails_cleanly, _flags, _prepare, _run
 
 NUM_DOCUMENTS = 20  # chapters the runs train on
 VOCAB_SIZE = 400
@@ -110,6 +111,24 @@ def test_an_empty_or_corrupt_vocab_model_is_one_message(corpus, first, tmp_path,
   _assert_fails_cleanly(workdir, _run_flags(corpus),
                         f"{workdir / 'data' / 'vocab.model'} {problem}",
                         f"copy {workdir / 'vocab.model'}", f"delete {workdir / 'data'} and rerun")
+
+
+def test_a_corpus_on_one_line_is_one_message(tmp_path):
+  """A 6 MB corpus on one line: sentencepiece reads at most 4192 bytes of a line, so the line is
+  skipped; the error says so and that the format is one sentence per line (it said "give more
+  text or a larger vocab_size"), with no traceback and no vocabulary left behind."""
+  text = tmp_path / "book.txt"
+  book = " ".join(_sentences(0, NUM_DOCUMENTS))  # ~200 kB
+  text.write_text(" ".join([book] * (6_000_000 // len(book) + 1)) + "\n")
+  assert text.stat().st_size > 6_000_000
+  out = _prepare([f"--input={text}", f"--output_dir={tmp_path / 'data'}", "--workers=1",
+                  f"--vocab_size={VOCAB_SIZE}"])
+  assert out.returncode == 2, out.stderr[-3000:]
+  assert out.stderr.splitlines() == [
+      "prepare: error: no sentence to train the sentencepiece model on: each line of the text is "
+      "longer than sentencepiece's limit of 4192 bytes (1 skipped); the corpus format is one "
+      "sentence per line (a blank line between documents): split the text into sentences."]
+  assert not (tmp_path / "data" / tokenization.MODEL_FILE).exists()
 
 
 def test_wordpiece_longest_word_follows_the_vocabularys_origin(tmp_path):

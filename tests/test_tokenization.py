@@ -1,4 +1,5 @@
 """Tests of bertjax.tokenization: sentencepiece training, the Tokenizer interface, errors."""
+import logging
 import os
 import time
 
@@ -261,6 +262,56 @@ def test_load_or_train(corpus, tmp_path):
   with pytest.raises(UserError, match="some.txt is not UTF-8"):
     tokenization.load_or_train_sentencepiece(unreadable, broken, 500)
   assert os.listdir(tmp_path) == ["vocab.model"]
+
+
+def test_lines_over_sentencepiece_limit_are_skipped_and_counted(corpus, tmp_path, caplog):
+  """A line over sentencepiece's limit (a document or file on one line) is skipped, and the user
+  is told how many were and that the format is one sentence per line. The limit is in UTF-8
+  bytes, less the line break ending a line (sentencepiece drops it before measuring)."""
+  limit = tokenization.MAX_SENTENCE_BYTES
+  assert limit == 4192  # sentencepiece's default max_sentence_length
+  over = ["a" * (limit + 1), "\u00e9" * (limit // 2 + 1)]  # 4193 bytes; 4194 in 2097 characters
+  within = ["b" * limit + "\n", "\u00e9" * (limit // 2)]  # at the limit
+  for line in within:  # trained on: alone, each is enough text for a (small) vocabulary
+    assert tokenization.train_sentencepiece(iter([line]), str(tmp_path / "within"), 64)
+  text = corpus[:2000] + over + within
+  assert all(line.strip() for line in text)
+  with caplog.at_level(logging.WARNING):
+    tok = tokenization.train_sentencepiece(iter(text), str(tmp_path / "long"), 500)
+  assert tok.vocab_size == 500
+  assert [r.getMessage() for r in caplog.records if "sentencepiece" in r.getMessage()] == [
+      f"sentencepiece vocabulary: 2 of {len(text)} lines of the text are longer than "
+      "sentencepiece's limit of 4192 bytes and were skipped; the corpus format is one sentence "
+      "per line (a blank line between documents), so split such lines into sentences."]
+  caplog.clear()
+  with caplog.at_level(logging.WARNING):  # no line over the limit: no warning
+    tokenization.train_sentencepiece(iter(corpus[:2000]), str(tmp_path / "short"), 500)
+  assert not [r for r in caplog.records if "sentencepiece" in r.getMessage()]
+
+  # What is left cannot train the vocabulary: one error, naming the skipped lines too.
+  letters = "".join(map(chr, range(0x3b1, 0x3b1 + 25))) + "".join(map(chr, range(0x430, 0x450)))
+  with pytest.raises(UserError, match=r"sentencepiece training failed: .*required_chars.*; give "
+                     r"more text or a larger vocab_size \(20 of 40 lines of the text are longer "
+                     r"than sentencepiece's limit of 4192 bytes and were skipped; the corpus "
+                     r"format is one sentence per line"):
+    tokenization.train_sentencepiece(iter([letters + " abc", over[0]] * 20),
+                                     str(tmp_path / "chars"), 64, character_coverage=1.0)
+
+
+def test_only_lines_over_sentencepiece_limit(tmp_path):
+  """One 6 MB line (a whole book on one line): one UserError naming the limit, the format and
+  the fix, not sentencepiece's "give more text"; nothing is left behind."""
+  line = " ".join(["It is a truth universally acknowledged."] * 160_000)
+  assert len(line.encode("utf-8")) > 6_000_000
+  path = str(tmp_path / "vocab.model")
+  with pytest.raises(UserError) as raised:
+    tokenization.load_or_train_sentencepiece(lambda: iter([line, "", line]), path, 8000)
+  assert str(raised.value) == (
+      "no sentence to train the sentencepiece model on: each line of the text is longer than "
+      "sentencepiece's limit of 4192 bytes (2 skipped); the corpus format is one sentence per "
+      "line (a blank line between documents): split the text into sentences.")
+  assert raised.value.__cause__ is None and raised.value.__suppress_context__  # no traceback
+  assert os.listdir(tmp_path) == []
 
 
 def test_save(tok, tmp_path):

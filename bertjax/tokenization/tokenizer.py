@@ -1,0 +1,121 @@
+"""The `Tokenizer` contract: text <-> token ids with BERT's special tokens, and its file names.
+
+Both backends (`sentencepiece_model.SentencePieceTokenizer`, `wordpiece.WordPieceTokenizer`)
+implement it; everything past tokenization (data preparation, the loader, the fine-tuning
+readers, the tasks) sees only this interface.
+
+Special tokens: `[PAD]` is always id 0; `[UNK] [CLS] [SEP] [MASK]` are at the ids the tokenizer
+reports (1, 2, 3, 4 in models trained here). Models trained here hold `[CLS] [SEP] [MASK]` as
+control symbols: `token_to_id` finds them, but `encode` never produces them from text, so a user
+who types "[MASK]" gets ordinary pieces, not a mask. (A model trained elsewhere with them as
+user-defined symbols is accepted too; its `encode` does turn the text "[MASK]" into mask_id.)
+"""
+from __future__ import annotations
+
+import abc
+import os
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from bertjax.errors import UserError
+
+PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
+MODEL_FILE = "vocab.model"  # the name `save` writes
+VOCAB_FILE = "vocab.txt"  # the name WordPieceTokenizer.save writes (Google's and HF's name)
+CONFIG_FILE = "tokenizer_config.json"  # beside vocab.txt: {"do_lower_case": ...} (HF's name)
+HF_TOKENIZER_FILE = "tokenizer.json"  # Hugging Face's whole tokenizer, beside its vocab.txt
+GOOGLE_MAX_CHARS_PER_WORD = 200  # google-research/bert tokenization.py WordpieceTokenizer
+
+
+class UnreadableVocabulary(UserError):
+  """A vocabulary file that cannot be read at all (empty, corrupt). `problem` says what is wrong
+  without the fix, for a caller that knows a better fix for its own copy of the file."""
+
+  def __init__(self, path: str, problem: str, fix: str):
+    super().__init__(f"{path} {problem}; {fix}")
+    self.path, self.problem = path, problem
+
+
+class Tokenizer(abc.ABC):
+  """Text <-> token ids, with BERT's special tokens.
+
+  Attributes:
+    vocab_size: number of ids; every id is in [0, vocab_size).
+    pad_id: id of [PAD]; always 0.
+    unk_id, cls_id, sep_id, mask_id: ids of [UNK], [CLS], [SEP], [MASK].
+  """
+
+  vocab_size: int
+  pad_id: int = 0
+  unk_id: int
+  cls_id: int
+  sep_id: int
+  mask_id: int
+
+  @property
+  def special_ids(self) -> frozenset[int]:
+    """The ids of [PAD] [UNK] [CLS] [SEP] [MASK]."""
+    return frozenset({self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id})
+
+  @abc.abstractmethod
+  def encode(self, text: str) -> list[int]:
+    """One text -> its ids ([num_pieces]); never special ids other than unk_id."""
+
+  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    """Texts -> their ids ([num_texts][num_pieces]); subclasses may do this faster."""
+    return [self.encode(text) for text in texts]
+
+  @abc.abstractmethod
+  def decode(self, ids: Iterable[int]) -> str:
+    """Ids -> text; [PAD] [CLS] [SEP] [MASK] are dropped."""
+
+  @abc.abstractmethod
+  def id_to_token(self, i: int) -> str:
+    """The piece of id `i` (IndexError outside [0, vocab_size))."""
+
+  @abc.abstractmethod
+  def token_to_id(self, token: str) -> int:
+    """The id of a piece; unk_id for a piece not in the vocabulary."""
+
+  @abc.abstractmethod
+  def is_word_start(self, ids: np.ndarray) -> np.ndarray:
+    """Whether each id's piece begins a new word (special tokens do), for whole-word masking.
+
+    Args:
+      ids: int array of any shape.
+
+    Returns:
+      bool array of the same shape.
+    """
+
+  @abc.abstractmethod
+  def word_boundary_tables(self) -> tuple[np.ndarray, np.ndarray]:
+    """Per-id tables for Google's whole-word rule; give them to `whole_word.word_starts`.
+
+    Returns:
+      starts: [vocab_size] bool, the id begins a word (as `is_word_start` says).
+      punctuation: [vocab_size] bool, the piece is punctuation: its text, less the word mark
+        ("▁" in sentencepiece, "##" in WordPiece), is non-empty and all punctuation by
+        Google's BasicTokenizer (`whole_word.is_punctuation`). Special ids are never
+        punctuation.
+    """
+
+  @abc.abstractmethod
+  def save(self, directory: str) -> str:
+    """Writes the tokenizer's file(s) into `directory`; returns the path to load it from."""
+
+
+def write_atomically(path: str, data: bytes) -> None:
+  """Writes `data` to a temporary file beside `path`, then renames it: no half-written file.
+
+  Every tokenizer file (`Tokenizer.save`, a trained model) is written this way.
+  """
+  tmp = f"{path}.tmp-{os.getpid()}"
+  try:
+    with open(tmp, "wb") as f:
+      f.write(data)
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
