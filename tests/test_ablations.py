@@ -33,7 +33,7 @@ from bertjax.data.pretraining import examples as pe
 from bertjax.errors import UserError
 from bertjax.models import attention, bert, heads
 from bertjax.models.config import bert_config
-from bertjax.tasks import finetuning, pretraining
+from bertjax.tasks import finetuning, pretraining, pretraining_config, pretraining_data
 
 from test_attention import cudnn_run_by_xla, packed_batch, unpacked_batch
 from test_readme import _section_commands
@@ -388,16 +388,16 @@ def test_ablation_configs_and_data_that_cannot_work_are_refused(corpus, tmp_path
     return c
 
   with pytest.raises(UserError, match="pretraining.objective='bert'; use mlm .* or ltr"):
-    pretraining.check_config(config(objective="bert"))
+    pretraining_config.check_config(config(objective="bert"))
   for ablation in (dict(nsp=False), dict(objective="ltr")):
     packed = config(**ablation)
     packed.data.packing = True
     with pytest.raises(UserError, match="are not packed; set data.packing=false"):
-      pretraining.check_config(packed)
+      pretraining_config.check_config(packed)
     with pytest.raises(UserError, match="lacks at 32 tokens; prepare the text with "
                                         "--contiguous=true"):
-      pretraining.check_prepared(data, config(**ablation))
-  pretraining.check_prepared(data, config())  # the paper's BERT reads this data
+      pretraining_data.check_prepared(data, config(**ablation))
+  pretraining_data.check_prepared(data, config())  # the paper's BERT reads this data
   special = pe.SpecialTokens.from_tokenizer(data.tokenizer())
   with pytest.raises(UserError, match="static masks .* Prepare it without --static_masks"):
     loader.PairBatches(data, 32, loader.NextTokens(special, 0), batch_size=8)

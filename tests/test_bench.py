@@ -1,4 +1,5 @@
-"""Tests of bertjax.tools.bench: the peers run at tiny shapes, the FLOP formula, bad arguments.
+"""Tests of bertjax.tools.bench (with bench_peers, bench_measure, bench_tables): the peers run at
+tiny shapes, the FLOP formula, bad arguments.
 
 The hf_flax peer needs transformers 4.57.6 (the last with Flax), which the [test] extra's
 transformers 5 replaces; its real run is the one test here that skips without it.
@@ -10,7 +11,7 @@ import flax
 import jax
 import pytest
 
-from bertjax.tools import bench
+from bertjax.tools import bench, bench_peers
 from bertjax.errors import UserError
 from bertjax.models import heads
 from bertjax.models.config import BertConfig, bert_config
@@ -51,7 +52,7 @@ def test_both_peers_report_positive_finite_figures(tmp_path, capsys):
   assert "jax/hf_flax" not in table and "speedup_vs_hf_flax" not in jax_row
 
 
-@pytest.mark.skipif(bench.flax_bert_for_pretraining() is None,
+@pytest.mark.skipif(bench_peers.flax_bert_for_pretraining() is None,
                     reason="this transformers has no FlaxBertForPreTraining (transformers 5 "
                     "removed Flax); run in a venv with transformers==4.57.6")
 def test_hf_flax_peer_reports_positive_finite_figures(capsys):
@@ -70,16 +71,16 @@ def test_hf_flax_peer_reports_positive_finite_figures(capsys):
 def test_flax_bert_found_only_before_transformers_5():
   transformers = pytest.importorskip("transformers")
   major = int(transformers.__version__.split(".")[0])
-  assert (bench.flax_bert_for_pretraining() is None) == (major >= 5)
-  assert ("hf_flax" in bench.default_peers()) == (major < 5)
+  assert (bench_peers.flax_bert_for_pretraining() is None) == (major >= 5)
+  assert ("hf_flax" in bench_peers.default_peers()) == (major < 5)
   if major >= 5:  # the real unavailable path, not patched
     with pytest.raises(UserError, match="FlaxBertForPreTraining"):
       bench.run(**{**TINY, "peers": ["hf_flax"]})
 
 
 def test_hf_flax_without_flax_bert_is_a_user_error(monkeypatch, capsys):
-  monkeypatch.setattr(bench, "flax_bert_for_pretraining", lambda: None)
-  assert bench.default_peers() == ("bertjax", "torch")
+  monkeypatch.setattr(bench_peers, "flax_bert_for_pretraining", lambda: None)
+  assert bench_peers.default_peers() == ("bertjax", "torch")
   with pytest.raises(UserError, match=r"FlaxBertForPreTraining.*transformers==4\.57\.6"):
     bench.run(**{**TINY, "peers": ["bertjax", "hf_flax"]})
   with pytest.raises(SystemExit) as exit_info:

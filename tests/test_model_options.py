@@ -48,8 +48,8 @@ def test_fast_variant_of_base():
     (dict(remat="some"), "BertConfig.remat='some'"),
 ])
 def test_pretraining_refuses_a_model_that_cannot_run_before_preparing(fields, message):
-  from bertjax.tasks import pretraining  # pylint: disable=import-outside-toplevel
+  from bertjax.tasks import pretraining_config  # pylint: disable=import-outside-toplevel
   config = tiny.get_config()
   config.model.update(fields)
   with pytest.raises(UserError, match=re.escape(message)):
-    pretraining.check_config(config)
+    pretraining_config.check_config(config)

@@ -15,7 +15,7 @@ from bertjax.data.pretraining import loader, packing, shards
 from bertjax.data.pretraining import examples as pe
 from bertjax.errors import UserError
 from bertjax.models import heads
-from bertjax.tasks import pretraining
+from bertjax.tasks import pretraining, pretraining_data
 
 SEQ, PREDICTIONS, K = 128, 20, 3
 
@@ -236,13 +236,13 @@ def test_data_prepared_before_plans(data, tmp_path):
 
   config = tiny.get_config()
   config.data.update(prepared=old, max_seq_length=SEQ, max_predictions_per_seq=PREDICTIONS)
-  pretraining.check_prepared(prepared, config)
+  pretraining_data.check_prepared(prepared, config)
   config.data.packing = True
   with pytest.raises(UserError, match="lacks at 128 tokens.*--max_sequences_per_row=3"):
-    pretraining.check_prepared(prepared, config)
+    pretraining_data.check_prepared(prepared, config)
   config.data.prepared = ""  # WORKDIR/data: it is prepared again by a rerun
   with pytest.raises(UserError, match=f"delete {old} and rerun"):
-    pretraining.check_prepared(prepared, config)
+    pretraining_data.check_prepared(prepared, config)
 
   options = prepare.Options.from_json(info["flags"])
   assert prepare.prepare(options, old, progress=False) == info  # reused, not refused
@@ -253,9 +253,9 @@ def test_plans_of_another_k_are_refused(data):
   config.data.update(prepared=data.directory, max_seq_length=SEQ,
                      max_predictions_per_seq=PREDICTIONS, packing=True, max_sequences_per_row=4)
   with pytest.raises(UserError, match="at most 3 pairs, not the 4 of data.max_sequences_per_row"):
-    pretraining.check_prepared(data, config)
+    pretraining_data.check_prepared(data, config)
   config.data.max_sequences_per_row = 3
-  pretraining.check_prepared(data, config)
+  pretraining_data.check_prepared(data, config)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import pytest
 
 from bertjax.errors import UserError
 from bertjax.models import heads
-from bertjax.tasks import pretraining
+from bertjax.tasks import pretraining, pretraining_config
 
 from conftest import tree_digest
 
@@ -295,7 +295,7 @@ def test_large_config_is_the_papers_model():
   the pretraining heads (shapes only; configs/base.py runs a step end to end below, and saving
   BERT-large's 4 GB of state would take this machine over a minute)."""
   from bertjax.configs import large  # pylint: disable=import-outside-toplevel
-  config = pretraining.model_config(large.get_config(), 30522)
+  config = pretraining_config.model_config(large.get_config(), 30522)
   assert (config.num_layers, config.hidden_size, config.num_heads) == (24, 1024, 16)
   ids = jax.ShapeDtypeStruct((1, 8), np.int32)
   shapes = jax.eval_shape(lambda i: heads.BertForPreTraining(config).init(
@@ -335,11 +335,11 @@ def test_check_config_names_the_field():
   config.data.input_files = "a.txt"
   config.data.tfds_name = "wikipedia"
   with pytest.raises(UserError, match="data.input_files and data.tfds_name"):
-    pretraining.check_config(config)
+    pretraining_config.check_config(config)
   config = tiny.get_config()
   config.data.max_seq_length = 1024
   with pytest.raises(UserError, match="max_position_embeddings"):
-    pretraining.check_config(config)
+    pretraining_config.check_config(config)
 
 
 def test_sequence_length_phases_and_their_position(corpus, tmp_path):

@@ -1,0 +1,95 @@
+"""The pretraining section of a config: its objective (the paper's or an ablation), the checks of
+its fields, and the BertConfig of its model.
+
+`config.pretraining` chooses the paper's MLM + NSP, "No NSP" (`nsp=false`) or "LTR & No NSP"
+(`objective=ltr`); `bertjax.tasks.pretraining`'s docstring says what each trains on.
+"""
+from __future__ import annotations
+
+import ml_collections
+
+from bertjax.errors import UserError
+from bertjax.models import config as bert_configs
+from bertjax.training import model_options
+
+OBJECTIVES = ("mlm", "ltr")  # config.pretraining.objective: masked LM, left-to-right LM
+
+
+def uses_nsp(config: ml_collections.ConfigDict) -> bool:
+  """Whether the run trains next-sentence prediction on NSP pairs (the paper's BERT), rather
+  than an ablation on contiguous spans (pretraining.nsp=false, or objective=ltr, which has no
+  NSP). A config without a `pretraining` section (written before it existed) is the paper's."""
+  ablation = config.get("pretraining")
+  return ablation is None or (ablation.objective == "mlm" and bool(ablation.nsp))
+
+
+def is_left_to_right(config: ml_collections.ConfigDict) -> bool:
+  """Whether the run trains the left-to-right LM (pretraining.objective=ltr)."""
+  ablation = config.get("pretraining")
+  return ablation is not None and ablation.objective == "ltr"
+
+
+def check_config(config: ml_collections.ConfigDict) -> None:
+  """Raises UserError naming the first field of the pretraining config that cannot work."""
+  data, tr = config.data, config.train
+  chosen = [name for name in ("input_files", "tfds_name", "prepared") if data[name]]
+  if len(chosen) > 1:
+    raise UserError(f"data.{' and data.'.join(chosen)} are all set; give one source of text.")
+  if not 0 < data.masked_lm_prob < 1:
+    raise UserError(f"data.masked_lm_prob={data.masked_lm_prob}; use a value in (0, 1), e.g. "
+                    "0.15.")
+  if not 0 <= data.eval_fraction < 1:
+    raise UserError(f"data.eval_fraction={data.eval_fraction}; use a value in [0, 1), e.g. 0.05.")
+  for name in ("max_seq_length", "max_predictions_per_seq", "dupe_factor", "vocab_size",
+               "max_sequences_per_row"):
+    if data[name] < 1:
+      raise UserError(f"data.{name}={data[name]}; use 1 or more.")
+  for length, name in ((data.max_seq_length, "max_predictions_per_seq"),
+                       (data.long_seq_length, "long_max_predictions_per_seq")):
+    if length and data[name] > length:
+      raise UserError(f"data.{name}={data[name]} is more than the {length} tokens of a "
+                      f"sequence; use at most {length} (the paper: 20 at 128, 80 at 512).")
+  longest = max(data.max_seq_length, data.long_seq_length)
+  if longest > config.model.max_position_embeddings:
+    raise UserError(f"sequences of {longest} tokens need model.max_position_embeddings >= "
+                    f"{longest} (it is {config.model.max_position_embeddings}).")
+  if data.long_seq_length and tr.long_seq_from_step < 1:
+    raise UserError(f"data.long_seq_length={data.long_seq_length} needs "
+                    f"train.long_seq_from_step >= 1 (the paper: 90% of the steps); it is "
+                    f"{tr.long_seq_from_step}. Set data.long_seq_length=0 for one phase.")
+  for name in ("num_train_steps", "batch_size", "eval_batch_size", "log_every_steps",
+               "eval_every_steps", "checkpoint_every_steps", "keep_checkpoints"):
+    if tr[name] < 1:
+      raise UserError(f"train.{name}={tr[name]}; use 1 or more.")
+  if not 0 <= tr.warmup_steps <= tr.num_train_steps:
+    raise UserError(f"train.warmup_steps={tr.warmup_steps}; use 0 to train.num_train_steps "
+                    f"({tr.num_train_steps}).")
+  if tr.learning_rate <= 0:
+    raise UserError(f"train.learning_rate={tr.learning_rate}; use a positive rate.")
+  ablation = config.get("pretraining")
+  if ablation is not None and ablation.objective not in OBJECTIVES:
+    raise UserError(f"pretraining.objective={ablation.objective!r}; use mlm (the masked LM) or "
+                    "ltr (a left-to-right LM, the paper's LTR & No NSP).")
+  if data.packing and not uses_nsp(config):
+    which = ("pretraining.objective=ltr" if is_left_to_right(config)
+             else "pretraining.nsp=false")
+    raise UserError(f"data.packing=true packs NSP pairs, but {which} trains on contiguous "
+                    "spans, which fill their rows already (each is as long as the sequence "
+                    "allows) and are not packed; set data.packing=false.")
+  model_config(config, data.vocab_size)  # the model fields, before any text is prepared
+
+
+def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> bert_configs.BertConfig:
+  """The frozen BertConfig of `config.model` for a vocabulary of `vocab_size`."""
+  m = config.model
+  try:
+    bert_config = bert_configs.bert_config(
+        m.size, vocab_size=vocab_size, hidden_act=m.hidden_act,
+        max_position_embeddings=m.max_position_embeddings, causal=is_left_to_right(config),
+        **model_options.bert_overrides(m))
+  except (KeyError, ValueError) as e:
+    raise UserError(f"bad model config: {e}".rstrip(".") + ". Check the config.model fields.") \
+        from e
+  model_options.check_attention(
+      bert_config, [n for n in (config.data.max_seq_length, config.data.long_seq_length) if n])
+  return bert_config

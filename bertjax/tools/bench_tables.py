@@ -1,0 +1,70 @@
+"""The benchmark's rows as text: the timing table with its notes, and the compiled-memory table.
+
+The rows are those `bertjax.tools.bench.run` returns (its docstring lists their fields).
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from bertjax.tools.bench_peers import PEERS
+
+HF_LOGITS_NOTE = ("HF (torch and Flax) computes MLM logits at every position; bertjax gathers the "
+                  "masked ones first (as original BERT). model_flops counts the gathered "
+                  "positions for every peer.")
+
+
+def format_memory_table(rows: Sequence[dict[str, Any]]) -> str:
+  """The compiled memory per device of bertjax rows (--memory_only) as a text table."""
+  header = (f"{'size':<7} {'dtype':<9} {'batch':>5} {'seq':>5} {'attention':<10} {'remat':<6} "
+            f"{'optimizer':<9} {'args GiB':>9} {'temp GiB':>9} {'total GiB':>10} "
+            f"{'activations GiB':>16} {'of which seq x seq':>19}")
+  lines = [header, "-" * len(header)]
+  for r in rows:
+    m = {k: v / 2**30 for k, v in r["compiled_memory"].items()}
+    lines.append(f"{r['size']:<7} {r['dtype']:<9} {r['batch_size']:>5} {r['seq_len']:>5} "
+                 f"{r['attention']:<10} {r['remat']:<6} {r['optimizer']:<9} "
+                 f"{m['arguments']:>9.2f} {m['temporaries']:>9.2f} {m['total']:>10.2f} "
+                 f"{m['activations']:>16.2f} {m['attention_matrices']:>19.2f}")
+  lines.append(f"per device, as XLA compiled the train step for {rows[0]['platform']} "
+               "(arguments: parameters, optimizer state and batch; total = arguments + outputs "
+               "- donated + temporaries); activations: what the backward pass keeps from the "
+               "forward (jax.vjp's residuals), which remat trades for recomputation; of which "
+               "seq x seq: the attention matrices among them, which a fused kernel (cuDNN, "
+               "splash) does not keep." if rows else "")
+  return "\n".join(lines)
+
+
+def format_table(rows: Sequence[dict[str, Any]]) -> str:
+  """The rows as a fixed-width text table, then the notes.
+
+  The ratio columns (`jax/torch`, `jax/hf_flax`: bertjax tokens/s over the peer's) are those of
+  the peers present, on the bertjax rows.
+  """
+  others = [p for p in PEERS if p != "bertjax" and any(r["peer"] == p for r in rows)]
+  header = (f"{'size':<7} {'peer':<8} {'device':<22} {'dtype':<9} {'step ms':>9} "
+            f"{'tokens/s':>11} {'ex/s':>9} {'peak MiB':>9} {'GFLOP/step':>11} {'MFU':>7}"
+            + "".join(f" {'jax/' + p:>11}" for p in others))
+  lines = [header, "-" * len(header)]
+  for r in rows:
+    if r["step_ms"] is None:  # --memory_only: see format_memory_table
+      continue
+    mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
+    ratios = [f"{r[f'speedup_vs_{p}']:.2f}x" if f"speedup_vs_{p}" in r else "" for p in others]
+    lines.append(
+        f"{r['size']:<7} {r['peer']:<8} {r['device'][:22]:<22} {r['dtype']:<9} "
+        f"{r['step_ms']:>9.2f} {r['tokens_per_s']:>11.0f} {r['examples_per_s']:>9.1f} "
+        f"{r['peak_memory_bytes'] / 2**20:>9.1f} {r['model_flops'] / 1e9:>11.3f} {mfu:>7}"
+        + "".join(f" {ratio:>11}" for ratio in ratios))
+  if rows:
+    r = rows[0]
+    lines.append(f"batch {r['batch_size']} x seq {r['seq_len']}, {r['max_predictions']} "
+                 f"predictions/example; median of {r['steps']} steps, each blocked to completion.")
+  for r in rows:
+    if "compiled_memory" in r:
+      lines.append(f"bertjax {r['size']}: attention {r['attention']}, packing {r['packing']}, "
+                   f"remat {r['remat']}, {r['optimizer']}; compiled memory per device "
+                   f"{r['compiled_memory']['total'] / 2**30:.2f} GiB.")
+  lines.append(HF_LOGITS_NOTE)
+  if len({r["platform"] for r in rows}) > 1:
+    lines.append("WARNING: the peers ran on different platforms; the ratio compares devices.")
+  return "\n".join(lines)
