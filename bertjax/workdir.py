@@ -116,11 +116,11 @@ def _describe(owner: dict) -> str:
   return text
 
 
-def check_workdir(workdir: str) -> bool:
+def check_workdir(workdir: str, flag: str = "--workdir") -> bool:
   """Creates `workdir` if needed; UserError if it is a file, lies under one or cannot be
-  created. Returns whether it was created."""
+  created (naming `flag`, the flag that gave it). Returns whether it was created."""
   if os.path.lexists(workdir) and not os.path.isdir(workdir):
-    raise UserError(f"--workdir={workdir} is a file, not a directory; give a directory (a new "
+    raise UserError(f"{flag}={workdir} is a file, not a directory; give a directory (a new "
                     "one is created) or move the file away.")
   if os.path.isdir(workdir):
     return False
@@ -128,21 +128,21 @@ def check_workdir(workdir: str) -> bool:
   while parent and not os.path.lexists(parent):
     parent = os.path.dirname(parent)
   if parent and not os.path.isdir(parent):
-    raise UserError(f"--workdir={workdir} cannot be created: {parent} is a file, not a "
-                    "directory; give a --workdir elsewhere or move the file away.")
+    raise UserError(f"{flag}={workdir} cannot be created: {parent} is a file, not a "
+                    f"directory; give a {flag} elsewhere or move the file away.")
   try:
     os.makedirs(workdir)
   except FileExistsError:
     return False
   except OSError as e:
-    raise UserError(f"--workdir={workdir} cannot be created ({e.strerror}: {e.filename}); give "
-                    "a --workdir in a directory you can write to.") from None
+    raise UserError(f"{flag}={workdir} cannot be created ({e.strerror}: {e.filename}); give "
+                    f"a {flag} in a directory you can write to.") from None
   return True
 
 
-def _not_writable(workdir: str, error: OSError) -> UserError:
-  return UserError(f"the workdir {workdir} is not writable ({error.strerror}); make it writable "
-                   f"(e.g. chmod u+w {workdir}) or give another --workdir.")
+def _not_writable(workdir: str, error: OSError, flag: str) -> UserError:
+  return UserError(f"the {flag[2:]} {workdir} is not writable ({error.strerror}); make it "
+                   f"writable (e.g. chmod u+w {workdir}) or give another {flag}.")
 
 
 def _create(path: str, text: str) -> bool:
@@ -193,7 +193,7 @@ def _stale_reason(data: bytes, age: float) -> str | None:
   return None
 
 
-def _refusal(workdir: str, path: str, data: bytes, age: float) -> UserError:
+def _refusal(workdir: str, path: str, data: bytes, age: float, flag: str) -> UserError:
   """The message of a run refused by a live lock."""
   try:
     owner = json.loads(data)
@@ -204,18 +204,20 @@ def _refusal(workdir: str, path: str, data: bytes, age: float) -> UserError:
   if owner.get("where") == _where():
     return UserError(f"{workdir} is in use by another run: {_describe(owner)}. Wait for it to "
                      "end or stop it (a run that died is taken over by the next one), or give "
-                     "another --workdir.")
+                     f"another {flag}.")
   return UserError(f"{workdir} is in use by another run: {_describe(owner)}, last heartbeat "
                    f"{age:.0f} s ago. If that run is dead, remove {path} and rerun (a lock "
                    f"untouched for {STALE_SECONDS:.0f} s is taken over by itself); otherwise "
-                   "wait for it or give another --workdir.")
+                   f"wait for it or give another {flag}.")
 
 
 class Lock:
-  """WORKDIR/.lock held by this process (see the module docs); `release` when done."""
+  """WORKDIR/.lock held by this process (see the module docs); `release` when done. It guards
+  any directory one run at a time writes (bertjax.data.prepare takes DATA/.lock); `flag` is the
+  flag that gave the directory, named in messages."""
 
-  def __init__(self, workdir: str, *, created: bool):
-    self.workdir = workdir
+  def __init__(self, workdir: str, *, created: bool, flag: str = "--workdir"):
+    self.workdir, self.flag = workdir, flag
     self.path = os.path.join(workdir, LOCK_FILE)
     self._created = created  # the workdir, by this run: removed again if left empty
     self._record = _owner_record()
@@ -224,13 +226,13 @@ class Lock:
     self._thread: threading.Thread | None = None
 
   @classmethod
-  def take(cls, workdir: str) -> Lock:
+  def take(cls, workdir: str, flag: str = "--workdir") -> Lock:
     """Creates the workdir if needed and takes its lock, taking over a stale one.
 
     Raises:
       UserError: the workdir is a file, cannot be created or written, or another run holds it.
     """
-    lock = cls(workdir, created=check_workdir(workdir))
+    lock = cls(workdir, created=check_workdir(workdir, flag), flag=flag)
     try:
       lock._acquire()
     except BaseException:
@@ -247,14 +249,14 @@ class Lock:
         if _create(self.path, self._text):
           return
       except OSError as e:
-        raise _not_writable(self.workdir, e) from None
+        raise _not_writable(self.workdir, e, self.flag) from None
       found = _read(self.path)
       if found is None:
         continue  # released meanwhile
       data, age = found
       reason = _stale_reason(data, age)
       if reason is None:
-        raise _refusal(self.workdir, self.path, data, age)
+        raise _refusal(self.workdir, self.path, data, age, self.flag)
       again = _read(self.path)
       if again is not None and again[0] == data:  # still the stale one: ours to remove
         print(f"bertjax: taking over {self.path} from {reason}.", file=sys.stderr)

@@ -26,10 +26,9 @@ from flax import traverse_util
 from bertjax import model_files, tasks
 from bertjax.convert import __main__ as convert_cli
 from bertjax.convert import hf, hf_files
-from bertjax.data import prepare, sources
+from bertjax.data import sources
 from bertjax.data.finetuning import movie_reviews
-from bertjax.data.pretraining import loader, shards
-from bertjax.data.pretraining import examples as pe
+from bertjax.data.pretraining import layout, loader, masking, pairs, preparation, shards
 from bertjax.errors import UserError
 from bertjax.models import attention, bert, heads
 from bertjax.models.config import bert_config
@@ -53,21 +52,30 @@ jit = functools.partial(jax.jit, compiler_options={"xla_backend_optimization_lev
 
 def test_contiguous_spans_cut_each_document_and_each_pass_elsewhere():
   documents = [[[1, 2, 3], [4, 5, 6, 7]], [[8]], [[], []], [[9, 10], [11, 12, 13, 14, 15]]]
-  spans = list(pe.iter_contiguous_spans(documents, max_seq_length=5, dupe_factor=1))
-  assert [s.tolist() for s in spans] == [[1, 2, 3], [4, 5, 6], [7], [8], [9, 10, 11],
-                                        [12, 13, 14], [15]]
-  # Pass 1 of 3 cuts first at 3 * 1 // 3 = 1, pass 2 at 2: every token once a pass.
-  spans = [s.tolist() for s in pe.iter_contiguous_spans(documents, 5, dupe_factor=3)]
-  assert spans[7:14] == [[1], [2, 3, 4], [5, 6, 7], [8], [9], [10, 11, 12], [13, 14, 15]]
-  assert spans[14:16] == [[1, 2], [3, 4, 5]]
+  spans = list(pairs.iter_contiguous_spans(documents, 7, np.random.default_rng(0)))
+  assert [np.concatenate([a, b]).tolist() for a, b, _ in spans] == [
+      [1, 2, 3, 4], [5, 6, 7], [8], [9, 10, 11, 12], [13, 14, 15]]
+  # Cut into A and B at the sentence boundary inside the span; inside one sentence at a token.
+  assert [(a.tolist(), b.tolist()) for a, b, _ in spans[:1] + spans[3:4]] == [
+      ([1, 2, 3], [4]), ([9, 10], [11, 12])]
+  assert all(len(a) and len(b) for a, b, _ in spans[:2] + spans[3:])
+  assert spans[2][0].tolist() == [8] and not len(spans[2][1])  # one token: `[CLS] A [SEP]`
+  assert not any(is_random for _, _, is_random in spans)
+  # Pass 1 of 3 cuts first at 4 * 1 // 3 = 1, pass 2 at 2: every token once a pass.
+  spans = [np.concatenate([a, b]).tolist()
+           for a, b, _ in pairs.iter_contiguous_spans(documents, 7, np.random.default_rng(0), 3)]
+  assert spans[5:11] == [[1], [2, 3, 4, 5], [6, 7], [8], [9], [10, 11, 12, 13]]
+  assert spans[12:14] == [[1, 2], [3, 4, 5, 6]]
   assert sum(map(len, spans)) == 3 * 15
   with pytest.raises(UserError, match="no room"):
-    list(pe.iter_contiguous_spans(documents, 2))
+    list(pairs.iter_contiguous_spans(documents, 4, np.random.default_rng(0)))
 
 
 def test_spans_pad_as_one_segment():
-  special = pe.SpecialTokens(pad=0, cls=2, sep=3, mask=4, vocab_size=20)
-  padded = pe.pad_pairs([(np.array([7, 8, 9]), np.zeros(0, np.int32), False)], 7, special)
+  """A span without B (of one token, or any span of data prepared before the spans were cut in
+  two) is `[CLS] span [SEP]`, one segment; a left-to-right LM predicts each next token."""
+  special = masking.SpecialTokens(pad=0, cls=2, sep=3, mask=4, vocab_size=20)
+  padded = pairs.pad_pairs([(np.array([7, 8, 9]), np.zeros(0, np.int32), False)], 7, special)
   np.testing.assert_array_equal(padded["input_ids"], [[2, 7, 8, 9, 3, 0, 0]])
   np.testing.assert_array_equal(padded["segment_ids"], np.zeros((1, 7)))
   np.testing.assert_array_equal(padded["input_mask"], [[1, 1, 1, 1, 1, 0, 0]])
@@ -123,7 +131,7 @@ def test_prepared_spans_are_contiguous_text_of_one_document(readme_runs):
   data = loader.PreparedData(str(readme_runs / "data_ablations"))
   assert data.has_contiguous(128) and data.info["flags"]["contiguous"]
   tok = data.tokenizer()
-  special = pe.SpecialTokens.from_tokenizer(tok)
+  special = masking.SpecialTokens.from_tokenizer(tok)
   for split in ("train", "heldout"):
     streams = _document_streams(data, split)
     batches = loader.PairBatches(data, 128, loader.NextTokens(special, 0), batch_size=64,
@@ -132,15 +140,17 @@ def test_prepared_spans_are_contiguous_text_of_one_document(readme_runs):
     rows = shards.decode_pairs(records.read(np.arange(0, len(records), 97)), data.dtype, 128,
                                special.cls, special.sep)
     lengths = rows["input_mask"].sum(axis=1)
-    assert (rows["segment_ids"] == 0).all() and (rows["next_sentence_label"] == 0).all()
+    assert (rows["next_sentence_label"] == 0).all()
+    assert (rows["segment_ids"] == 1).any(axis=1).mean() > 0.9  # cut into A and B
     assert (lengths == 128).mean() > 0.6  # most spans fill the row
-    for ids, n in zip(rows["input_ids"], lengths):
+    for ids, segments, n in zip(rows["input_ids"], rows["segment_ids"], lengths):
       assert ids[0] == special.cls and ids[n - 1] == special.sep
-      span = ids[1:n - 1]
+      len_a = int((segments[:n] == 0).sum()) - 2  # [CLS] A [SEP]
+      span = np.concatenate([ids[1:1 + len_a], ids[2 + len_a:n - 1]])  # A then B: the text
       assert sum(_contains(s, span) for s in streams) >= 1, (split, tok.decode(span.tolist()))
     # Every token of the documents is in one span of each pass.
     passes = data.flags["dupe_factor"] if split == "train" else 1
-    span_tokens = sum(int(np.frombuffer(r, data.dtype, count=1)[0])
+    span_tokens = sum(int(np.frombuffer(r, data.dtype, count=2).astype(np.int64).sum())
                       for r in records.read(np.arange(len(records))))
     assert span_tokens == passes * sum(len(s) for s in streams)
 
@@ -273,10 +283,10 @@ def test_next_token_loss_equals_the_loss_by_hand():
   """The LTR task's loss on a fixed example (loader.NextTokens targets, the task's terms) is
   the mean over real positions i < n - 1 of -log softmax(logits_i)[token_{i+1}], computed here
   in numpy from the logits at every position."""
-  special = pe.SpecialTokens(pad=0, cls=2, sep=3, mask=4, vocab_size=CONFIG.vocab_size)
+  special = masking.SpecialTokens(pad=0, cls=2, sep=3, mask=4, vocab_size=CONFIG.vocab_size)
   spans = [(np.array([17, 42, 9, 63, 8]), np.zeros(0, np.int32), False),
            (np.array([77, 5, 31]), np.zeros(0, np.int32), False)]
-  batch = pe.pad_pairs(spans, 9, special)  # [CLS] span [SEP], rows of 7 and 5 tokens
+  batch = pairs.pad_pairs(spans, 9, special)  # [CLS] span [SEP], rows of 7 and 5 tokens
   batch.update(loader.NextTokens(special, 0).apply(batch, np.arange(2), None))
   batch["example_weight"] = np.ones(2, np.float32)
   model = heads.BertForPreTraining(CONFIG, next_sentence=False)
@@ -368,6 +378,49 @@ def test_fine_tuning_from_the_ltr_workdir_is_causal_and_conversion_is_refused(re
     hf.to_hf({}, CONFIG)
 
 
+def test_ablation_batches_train_both_segment_embeddings(corpus, tmp_path):
+  """The No NSP and LTR batches of contiguous spans hold segment ids 0 and 1 (each span cut into
+  A and B), so the segment-B row of the token type embeddings gets a gradient from both
+  objectives, as BERT's pairs give it; spans of one segment (data prepared before the cut)
+  would leave that row untrained for fine-tuning on pairs."""
+  text_file, vocab = corpus
+  data_dir = str(tmp_path / "data")
+  preparation.prepare(layout.Options(input=text_file, vocab=vocab, max_seq_length=(32,),
+                                     dupe_factor=1, contiguous=True), data_dir, workers=1,
+                      progress=False)
+  data = loader.PreparedData(data_dir)
+  special = masking.SpecialTokens.from_tokenizer(data.tokenizer())
+  for left_to_right in (False, True):
+    targets = (loader.NextTokens(special, 0) if left_to_right else
+               loader.Masking(special, 0.15, 5, True, 0, None))
+    batch, _ = next(loader.PairBatches(data, 32, targets, batch_size=16, threads=1,
+                                       contiguous=True).iterate())
+    assert (batch["segment_ids"] == 1).any(axis=1).all(), left_to_right
+    config = bert_config("tiny", vocab_size=special.vocab_size, num_layers=1,
+                         max_position_embeddings=32, dropout_rate=0.0,
+                         attention_dropout_rate=0.0, causal=left_to_right)
+    model = heads.BertForPreTraining(config, next_sentence=False)
+    terms_fn = pretraining.make_terms(baseline_token=5, nsp=False, left_to_right=left_to_right)
+    loss_name = "next_token_loss" if left_to_right else "mlm_loss"
+
+    def loss(params, batch):
+      values, weights = terms_fn(heads.apply_to_batch(model, params, batch, deterministic=True),
+                                 batch)[loss_name]  # pylint: disable=cell-var-from-loop
+      return jnp.sum(values * weights) / jnp.sum(weights)
+
+    def segment_rows_grad(params, batch):
+      grads = traverse_util.flatten_dict(jax.grad(loss)(params, batch), sep="/")
+      [name] = [n for n in grads if "token_type_embeddings" in n]
+      return jnp.abs(grads[name]).sum(axis=-1)  # [type_vocab_size]
+
+    params = nn.unbox(heads.init_from_batch(model, jax.random.key(0), batch))
+    one_segment = {**batch, "segment_ids": np.zeros_like(batch["segment_ids"])}
+    rows_grad = jit(segment_rows_grad)  # one compilation for both batches
+    cut, uncut = rows_grad(params, batch), rows_grad(params, one_segment)
+    assert cut[0] > 0 and cut[1] > 0, (left_to_right, cut)
+    assert uncut[1] == 0, (left_to_right, uncut)  # what the spans without a cut trained
+
+
 def test_ablation_configs_and_data_that_cannot_work_are_refused(corpus, tmp_path):
   """An unknown objective and packing with either ablation are refused at the config; data
   prepared without --contiguous is refused naming that flag; a left-to-right LM on data with
@@ -375,9 +428,9 @@ def test_ablation_configs_and_data_that_cannot_work_are_refused(corpus, tmp_path
   from bertjax.configs import tiny  # pylint: disable=import-outside-toplevel
   text_file, vocab = corpus
   data_dir = str(tmp_path / "data")
-  prepare.prepare(prepare.Options(input=text_file, vocab=vocab, max_seq_length=(32,),
-                                  max_predictions_per_seq=(5,), dupe_factor=1,
-                                  static_masks=True), data_dir, workers=1, progress=False)
+  preparation.prepare(layout.Options(input=text_file, vocab=vocab, max_seq_length=(32,),
+                                     max_predictions_per_seq=(5,), dupe_factor=1,
+                                     static_masks=True), data_dir, workers=1, progress=False)
   data = loader.PreparedData(data_dir)
 
   def config(**ablation):
@@ -398,6 +451,6 @@ def test_ablation_configs_and_data_that_cannot_work_are_refused(corpus, tmp_path
                                         "--contiguous=true"):
       pretraining_data.check_prepared(data, config(**ablation))
   pretraining_data.check_prepared(data, config())  # the paper's BERT reads this data
-  special = pe.SpecialTokens.from_tokenizer(data.tokenizer())
+  special = masking.SpecialTokens.from_tokenizer(data.tokenizer())
   with pytest.raises(UserError, match="static masks .* Prepare it without --static_masks"):
     loader.PairBatches(data, 32, loader.NextTokens(special, 0), batch_size=8)

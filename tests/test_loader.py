@@ -1,14 +1,14 @@
 """Tests of bertjax.data.pretraining.loader: batches from prepared shards, epochs, a global position that
 resumes on any host count, masks per example and epoch, stored masks, evaluation, bad shards."""
+import json
 import os
 
 import numpy as np
 import pytest
 
 from bertjax import tokenization
-from bertjax.data import pipeline, prepare, sources
-from bertjax.data.pretraining import loader
-from bertjax.data.pretraining import examples as pe
+from bertjax.data import pipeline, sources
+from bertjax.data.pretraining import layout, loader, masking, preparation, shards
 from bertjax.errors import UserError
 
 SEQ, PREDICTIONS = 32, 5
@@ -20,9 +20,9 @@ def _prepare(directory, **flags):
   with open(text, "w") as f:
     f.write("\n\n".join("\n".join(doc) for doc in documents) + "\n")
   data = os.path.join(directory, "data")
-  prepare.prepare(prepare.Options(input=text, vocab_size=400, max_seq_length=(SEQ,),
-                                  max_predictions_per_seq=(PREDICTIONS,), dupe_factor=1,
-                                  eval_fraction=0.2, **flags), data, workers=1, progress=False)
+  preparation.prepare(layout.Options(input=text, vocab_size=400, max_seq_length=(SEQ,),
+                                     max_predictions_per_seq=(PREDICTIONS,), dupe_factor=1,
+                                     eval_fraction=0.2, **flags), data, workers=1, progress=False)
   return loader.PreparedData(data)
 
 
@@ -34,9 +34,9 @@ def data(tmp_path_factory):
 def _batches(data, batch_size=8, process_index=0, process_count=1, dynamic=True, seed=0,
              whole_word=False):
   tok = data.tokenizer()
-  masking = loader.Masking(pe.SpecialTokens.from_tokenizer(tok), 0.15, PREDICTIONS, dynamic,
-                           seed, tok.word_boundary_tables() if whole_word else None)
-  return loader.PairBatches(data, SEQ, masking, batch_size=batch_size,
+  rules = loader.Masking(masking.SpecialTokens.from_tokenizer(tok), 0.15, PREDICTIONS, dynamic,
+                         seed, tok.word_boundary_tables() if whole_word else None)
+  return loader.PairBatches(data, SEQ, rules, batch_size=batch_size,
                             process_index=process_index, process_count=process_count)
 
 
@@ -135,7 +135,7 @@ def test_stored_static_masks(tmp_path):
     np.testing.assert_array_equal(a["input_ids"], b["input_ids"])
   batch = first[0]
   assert batch["masked_lm_weights"].sum() > 0
-  restored = pe.unmask(batch)
+  restored = masking.unmask(batch)
   assert (restored != batch["input_ids"]).any()  # the stored ids are the masked ones
   assert (batch["input_ids"] == data.tokenizer().mask_id).any()
 
@@ -144,7 +144,7 @@ def test_whole_word_masking_masks_whole_words(data):
   tok = data.tokenizer()
   starts_table = tok.word_boundary_tables()
   batch, _ = next(_batches(data, whole_word=True).iterate())
-  original = pe.unmask(batch)
+  original = masking.unmask(batch)
   starts = tokenization.word_starts(original, *starts_table)
   for row in range(len(original)):
     chosen = set(batch["masked_lm_positions"][row][batch["masked_lm_weights"][row] > 0].tolist())
@@ -190,3 +190,50 @@ def test_bad_shards_and_too_few_examples(tmp_path):
   os.remove(os.path.join(data.directory, "info.json"))
   with pytest.raises(UserError, match="holds no prepared data"):
     loader.PreparedData(data.directory)
+
+
+def test_contiguous_spans_are_two_segments_and_one_segment_spans_still_load(tmp_path):
+  """Spans (prepare --contiguous=true) load as `[CLS] A [SEP] B [SEP]` rows, segment ids 0 then
+  1; spans of one segment, as data prepared before the cut (layout.FORMAT 1) holds them, still
+  load, as `[CLS] span [SEP]` with the same text and segment ids 0."""
+  data = _prepare(str(tmp_path), contiguous=True)
+  special = masking.SpecialTokens.from_tokenizer(data.tokenizer())
+  rules = loader.Masking(special, 0.15, PREDICTIONS, True, 0, None)
+
+  def rows(prepared):
+    batches = loader.PairBatches(prepared, SEQ, rules, batch_size=8, threads=1, contiguous=True)
+    return batches.num_examples(), next(batches.iterate())[0], next(batches.eval_batches())
+
+  count, batch, eval_batch = rows(data)
+  for b in (batch, eval_batch):
+    assert (b["segment_ids"] == 1).any(axis=1).all() and b["masked_lm_weights"].sum() > 0
+  assert (batch["next_sentence_label"] == 0).all()
+
+  # Rewrite every span as one segment: A and B joined, B empty (len_b = 0).
+  for split in ("train", "heldout"):
+    for name, n in data.info[layout.CONTIGUOUS][str(SEQ)][split]:
+      path = os.path.join(data.directory, name)
+      records = shards.Records([path], [n]).read(np.arange(n))
+      joined = []
+      for record in records:
+        values = np.frombuffer(record, data.dtype)
+        la, lb = int(values[0]), int(values[1])
+        joined.append(shards.encode_pair(values[4:4 + la + lb], values[:0], False, data.dtype))
+      assert shards.write_shard(path, joined) == n
+  info_path = os.path.join(data.directory, layout.INFO_FILE)
+  with open(info_path) as f:
+    info = json.load(f)
+  with open(info_path, "w") as f:
+    json.dump({**info, "format": 1}, f)
+  old_count, old_batch, old_eval = rows(loader.PreparedData(data.directory))
+  assert old_count == count
+  for new, old in ((batch, old_batch), (eval_batch, old_eval)):
+    assert (old["segment_ids"] == 0).all() and old["masked_lm_weights"].sum() > 0
+    np.testing.assert_array_equal(old["input_mask"].sum(axis=1),
+                                  new["input_mask"].sum(axis=1) - 1)
+    for new_ids, old_ids, segments, real, n in zip(
+        masking.unmask(new), masking.unmask(old), new["segment_ids"], new["input_mask"],
+        old["input_mask"].sum(axis=1)):
+      len_a = int(((segments == 0) & (real == 1)).sum()) - 2  # [CLS] A [SEP]
+      text = np.concatenate([new_ids[1:1 + len_a], new_ids[2 + len_a:n]])
+      np.testing.assert_array_equal(old_ids[:n], [special.cls, *text, special.sep])

@@ -10,9 +10,8 @@ import orbax.checkpoint as ocp
 import pytest
 
 from bertjax.configs import tiny
-from bertjax.data import pipeline, prepare, sources
-from bertjax.data.pretraining import loader, packing, shards
-from bertjax.data.pretraining import examples as pe
+from bertjax.data import pipeline, sources
+from bertjax.data.pretraining import layout, loader, masking, packing, preparation, shards
 from bertjax.errors import UserError
 from bertjax.models import heads
 from bertjax.tasks import pretraining, pretraining_data
@@ -102,18 +101,18 @@ def data(tmp_path_factory):
   text = os.path.join(directory, "text.txt")
   with open(text, "w") as f:
     f.write("\n\n".join("\n".join(sentences[i:i + 2]) for i in range(0, len(sentences), 2)))
-  options = prepare.Options(input=text, vocab_size=1000, max_seq_length=(SEQ,),
-                            max_predictions_per_seq=(PREDICTIONS,), dupe_factor=1,
-                            eval_fraction=0.2, shard_size_mb=0.03)
-  prepare.prepare(options, os.path.join(directory, "data"), workers=1, progress=False)
+  options = layout.Options(input=text, vocab_size=1000, max_seq_length=(SEQ,),
+                           max_predictions_per_seq=(PREDICTIONS,), dupe_factor=1,
+                           eval_fraction=0.2, shard_size_mb=0.03)
+  preparation.prepare(options, os.path.join(directory, "data"), workers=1, progress=False)
   return loader.PreparedData(os.path.join(directory, "data"))
 
 
 def _batches(data, packing_on=True, batch_size=8, process_index=0, process_count=1):
   tok = data.tokenizer()
-  masking = loader.Masking(pe.SpecialTokens.from_tokenizer(tok), 0.15, PREDICTIONS, True, 0,
-                           None)
-  return loader.PairBatches(data, SEQ, masking, batch_size=batch_size, threads=1,
+  rules = loader.Masking(masking.SpecialTokens.from_tokenizer(tok), 0.15, PREDICTIONS, True, 0,
+                         None)
+  return loader.PairBatches(data, SEQ, rules, batch_size=batch_size, threads=1,
                             process_index=process_index, process_count=process_count,
                             packing=packing_on)
 
@@ -137,7 +136,7 @@ def test_prepare_writes_each_shards_plan(data):
   assert phase["packing_efficiency"] == pytest.approx(tokens / (phase["packed_rows"] * SEQ))
   assert phase["packing_efficiency"] > phase["unpacked_efficiency"] + 0.1
   assert not any("heldout" in name for name, _ in phase["packs"])  # evaluation is not packed
-  line = prepare.packing_summary(SEQ, phase)
+  line = preparation.packing_summary(SEQ, phase)
   assert f"{phase['packed_rows']} rows" in line and "unpacked" in line
 
 
@@ -217,7 +216,7 @@ def test_data_prepared_before_plans(data, tmp_path):
   it again; prepare reuses it as finished (the new flag at its default)."""
   old = str(tmp_path / "old")
   shutil.copytree(data.directory, old)
-  info_path = os.path.join(old, prepare.INFO_FILE)
+  info_path = os.path.join(old, layout.INFO_FILE)
   with open(info_path) as f:
     info = json.load(f)
   del info["flags"]["max_sequences_per_row"]
@@ -244,8 +243,8 @@ def test_data_prepared_before_plans(data, tmp_path):
   with pytest.raises(UserError, match=f"delete {old} and rerun"):
     pretraining_data.check_prepared(prepared, config)
 
-  options = prepare.Options.from_json(info["flags"])
-  assert prepare.prepare(options, old, progress=False) == info  # reused, not refused
+  options = layout.Options.from_json(info["flags"])
+  assert preparation.prepare(options, old, progress=False) == info  # reused, not refused
 
 
 def test_plans_of_another_k_are_refused(data):

@@ -3,16 +3,16 @@ out whole, the vocabulary from training documents only, TFDS input, and every ba
 import glob
 import json
 import os
+import socket
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from bertjax import tokenization
-from bertjax.data import prepare, sources
-from bertjax.data.pretraining import shards, text_shards
-from bertjax.data.pretraining import examples as pe
+from bertjax import tokenization, workdir
+from bertjax.data import sources
+from bertjax.data.pretraining import layout, masking, pairs, preparation, shards, text_shards
 from bertjax.errors import UserError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -34,7 +34,7 @@ def text_file(tmp_path_factory):
 def prepared(text_file, tmp_path_factory):
   """DATA prepared in this process, one worker."""
   data = str(tmp_path_factory.mktemp("prepared") / "data")
-  prepare.prepare(prepare.Options(input=text_file, **FLAGS), data, workers=1, progress=False)
+  preparation.prepare(layout.Options(input=text_file, **FLAGS), data, workers=1, progress=False)
   return data
 
 
@@ -79,7 +79,7 @@ def test_layout_and_info(prepared):
       assert name.startswith(f"seq{length}/") and f"-of-{shard_count:05d}" in name
     assert len(_read(prepared, f"seq{length}", "train")) == phase["examples"]
   tok = tokenization.load_tokenizer(os.path.join(prepared, "vocab.model"))
-  assert info["vocab"]["sha256"] == prepare.vocab_sha256(tok)
+  assert info["vocab"]["sha256"] == preparation.vocab_sha256(tok)
   assert info["most_common_token"] not in tok.special_ids
 
 
@@ -90,7 +90,7 @@ def test_pairs_follow_the_segment_pair_rules(prepared):
     info = json.load(f)
   count = len(json.load(open(os.path.join(prepared, "plan.json")))["text_shards"])
   tok = tokenization.load_tokenizer(os.path.join(prepared, "vocab.model"))
-  special = pe.SpecialTokens.from_tokenizer(tok)
+  special = masking.SpecialTokens.from_tokenizer(tok)
   dtype = np.dtype(info["vocab"]["token_dtype"])
   def shard_0(kind):
     path = os.path.join(prepared, shards.shard_name(kind, "train", 0, count))
@@ -102,7 +102,8 @@ def test_pairs_follow_the_segment_pair_rules(prepared):
   documents = [shards.decode_document(r, dtype) for r in shard_0("documents")]
   stored = shards.decode_pairs(shard_0("seq32"), dtype, 32, special.cls, special.sep)
   rng = np.random.default_rng([0, 2, 0, 0, False])  # seed, _PAIRS, shard, phase, held out
-  expected = pe.pad_pairs(list(pe.iter_segment_pairs(documents, 32, 0.1, rng, 2)), 32, special)
+  expected = pairs.pad_pairs(list(pairs.iter_segment_pairs(documents, 32, 0.1, rng, 2)), 32,
+                             special)
   for key in expected:
     np.testing.assert_array_equal(stored[key], expected[key], err_msg=key)
 
@@ -112,7 +113,7 @@ def test_held_out_documents_and_the_vocabulary(prepared, text_file):
   from training documents only."""
   with open(os.path.join(prepared, "plan.json")) as f:
     plan = json.load(f)
-  options = prepare.Options.from_json(plan["flags"])
+  options = layout.Options.from_json(plan["flags"])
   held_out, training = set(), set()
   for index, shard in enumerate(plan["text_shards"]):
     train_docs, heldout_docs = text_shards.split_heldout(
@@ -157,19 +158,19 @@ def test_same_shards_with_two_workers_and_after_a_crash(prepared, text_file, tmp
 
 def test_tfds_input(tiny_tfds, tmp_path):
   data = str(tmp_path / "data")
-  info = prepare.prepare(
-      prepare.Options(input="tfds:bertjax_tiny_text:train", tfds_data_dir=tiny_tfds,
-                      vocab_size=64, max_seq_length=(16,), max_predictions_per_seq=(2,),
-                      eval_fraction=0.0, tfds_documents_per_shard=2), data, progress=False)
+  info = preparation.prepare(
+      layout.Options(input="tfds:bertjax_tiny_text:train", tfds_data_dir=tiny_tfds,
+                     vocab_size=64, max_seq_length=(16,), max_predictions_per_seq=(2,),
+                     eval_fraction=0.0, tfds_documents_per_shard=2), data, progress=False)
   assert info["counts"]["documents"] == 2  # the third document is blank
   assert info["counts"]["sentences"] == 5
   with open(os.path.join(data, "plan.json")) as f:
     assert len(json.load(f)["text_shards"]) == 2  # 3 examples, 2 a shard
   with pytest.raises(UserError, match="has no feature 'body'"):
-    prepare.prepare(prepare.Options(input="tfds:bertjax_tiny_text:train", tfds_feature="body",
-                                    tfds_data_dir=tiny_tfds), str(tmp_path / "x"))
+    preparation.prepare(layout.Options(input="tfds:bertjax_tiny_text:train", tfds_feature="body",
+                                       tfds_data_dir=tiny_tfds), str(tmp_path / "x"))
   with pytest.raises(UserError, match="not tfds:NAME:SPLIT"):
-    prepare.prepare(prepare.Options(input="tfds:wikipedia"), str(tmp_path / "y"))
+    preparation.prepare(layout.Options(input="tfds:wikipedia"), str(tmp_path / "y"))
 
 
 def _refused(args, *expected, output_dir):
@@ -218,8 +219,26 @@ def test_bad_input(text_file, prepared, tmp_path):
             "--shard_size_mb=0.05"], "other flags", "dupe_factor=2", output_dir=prepared)
 
 
+def test_a_second_run_on_a_directory_being_prepared_is_refused(text_file, tmp_path):
+  """While a run prepares DATA (it holds DATA/.lock, here taken by this process), a second run
+  on DATA is refused with one message naming the first (host and pid), and nothing the first
+  wrote is touched: not its plan, not its half-written files (once deleted as leftovers)."""
+  data = tmp_path / "data"
+  first = workdir.Lock.take(str(data), flag="--output_dir")
+  try:
+    (data / "plan.json").write_text("{}")
+    (data / "seq32").mkdir()
+    (data / "seq32" / "train-00000-of-00006.array_record.tmp-host-1").write_bytes(b"half")
+    _refused([f"--input={text_file}"], "in use by another run",
+             f"pid {os.getpid()} on host {socket.gethostname()}", "another --output_dir",
+             output_dir=str(data))
+  finally:
+    first.release()
+  assert not (data / workdir.LOCK_FILE).exists()
+
+
 def test_a_finished_directory_is_reused(prepared, text_file):
   before = _files(prepared)
-  info = prepare.prepare(prepare.Options(input=text_file, **FLAGS), prepared, progress=False)
+  info = preparation.prepare(layout.Options(input=text_file, **FLAGS), prepared, progress=False)
   assert info == json.loads(before["info.json"])
   assert _files(prepared) == before

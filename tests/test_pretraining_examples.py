@@ -1,14 +1,14 @@
-"""Tests of bertjax.data.pretraining.examples (NSP pairs, MLM masks) against Google's rules."""
+"""Tests of bertjax.data.pretraining.pairs and .masking: NSP pairs, MLM masks, by Google's rules."""
 
 import numpy as np
 import pytest
 
-from bertjax.data.pretraining import examples as pe
+from bertjax.data.pretraining import masking, pairs
 from bertjax.errors import UserError
 
 # [PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4; ids 5..19 are ordinary tokens.
-SPECIAL = pe.SpecialTokens(pad=0, cls=2, sep=3, mask=4, vocab_size=20,
-                           ids_never_masked=frozenset({1}))
+SPECIAL = masking.SpecialTokens(pad=0, cls=2, sep=3, mask=4, vocab_size=20,
+                                ids_never_masked=frozenset({1}))
 # [CLS] 10 11 12 [SEP] 13 14 15 16 [SEP] [PAD] [PAD]: 10 real tokens, 7 candidates.
 TOKENS = np.array([2, 10, 11, 12, 3, 13, 14, 15, 16, 3, 0, 0], np.int32)
 
@@ -32,12 +32,12 @@ def test_special_tokens():
     vocab_size, pad_id, unk_id, cls_id, sep_id, mask_id = 50, 0, 1, 2, 3, 4
     special_ids = frozenset({0, 1, 2, 3, 4, 5})
 
-  special = pe.SpecialTokens.from_tokenizer(Tok())
+  special = masking.SpecialTokens.from_tokenizer(Tok())
   assert (special.pad, special.cls, special.sep, special.mask, special.vocab_size) == (
       0, 2, 3, 4, 50)
   assert special.ids_never_masked == {0, 1, 2, 3, 4, 5}
   with pytest.raises(ValueError):
-    pe.SpecialTokens(pad=0, cls=2, sep=3, mask=4, vocab_size=4)
+    masking.SpecialTokens(pad=0, cls=2, sep=3, mask=4, vocab_size=4)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -54,8 +54,9 @@ def test_mask_tokens_exact():
   # positions 3, 8, 5. Position 3: action .482 -> [MASK]. Position 5: .976 -> random,
   # replacement_ids[11] = 16. Position 8: .853 -> kept (16).
   rng = np.random.default_rng(39)
-  masked, positions, ids, weights = pe.mask_tokens(TOKENS, 10, rng, SPECIAL, masked_lm_prob=0.3,
-                                                   max_predictions_per_seq=4)
+  masked, positions, ids, weights = masking.mask_tokens(TOKENS, 10, rng, SPECIAL,
+                                                        masked_lm_prob=0.3,
+                                                        max_predictions_per_seq=4)
   np.testing.assert_array_equal(masked, [2, 10, 11, 4, 3, 16, 14, 15, 16, 3, 0, 0])
   np.testing.assert_array_equal(positions, [3, 5, 8, 0])
   np.testing.assert_array_equal(ids, [12, 13, 16, 0])
@@ -67,8 +68,8 @@ def test_mask_tokens_exact():
   changed = np.flatnonzero(masked != TOKENS)
   assert set(changed) <= set(positions[:3])
   # The input mask form gives the same result.
-  again = pe.mask_tokens(TOKENS, (TOKENS > 0).astype(np.int32), np.random.default_rng(39),
-                         SPECIAL, masked_lm_prob=0.3, max_predictions_per_seq=4)
+  again = masking.mask_tokens(TOKENS, (TOKENS > 0).astype(np.int32), np.random.default_rng(39),
+                              SPECIAL, masked_lm_prob=0.3, max_predictions_per_seq=4)
   for a, b in zip(again, (masked, positions, ids, weights)):
     np.testing.assert_array_equal(a, b)
 
@@ -79,7 +80,7 @@ def test_mask_tokens_whole_word_exact():
   # (3 pieces) would overshoot: skipped. Unit 3 (position 8): 1. Unit 0 (2 pieces): 3 > 2,
   # skipped. Unit 1 (position 3): 2, done. Position 3: action .482 -> [MASK]; 8: .853 -> kept.
   word_starts = np.array([1, 1, 0, 1, 1, 1, 0, 0, 1, 1, 1, 1], bool)
-  masked, positions, ids, weights = pe.mask_tokens(
+  masked, positions, ids, weights = masking.mask_tokens(
       TOKENS, 10, np.random.default_rng(39), SPECIAL, masked_lm_prob=0.2,
       max_predictions_per_seq=4, word_starts=word_starts)
   np.testing.assert_array_equal(masked, [2, 10, 11, 4, 3, 13, 14, 15, 16, 3, 0, 0])
@@ -88,7 +89,7 @@ def test_mask_tokens_whole_word_exact():
   np.testing.assert_array_equal(weights, [1, 1, 0, 0])
   # Case 2: 10 * 0.3 -> 3: unit 2 (positions 5 6 7) fills it at once. Actions .976 (random,
   # replacement_ids[11] = 16), .794 ([MASK]), .118 ([MASK]).
-  masked, positions, ids, weights = pe.mask_tokens(
+  masked, positions, ids, weights = masking.mask_tokens(
       TOKENS, 10, np.random.default_rng(39), SPECIAL, masked_lm_prob=0.3,
       max_predictions_per_seq=4, word_starts=word_starts)
   np.testing.assert_array_equal(masked, [2, 10, 11, 12, 3, 16, 4, 4, 16, 3, 0, 0])
@@ -98,9 +99,9 @@ def test_mask_tokens_whole_word_exact():
 
 def test_num_to_predict():
   # round half to even, at least 1, at most max_predictions_per_seq
-  np.testing.assert_array_equal(pe.num_to_predict([1, 10, 30, 50, 128, 512], 0.15, 20),
+  np.testing.assert_array_equal(masking.num_to_predict([1, 10, 30, 50, 128, 512], 0.15, 20),
                                 [1, 2, 4, 8, 19, 20])
-  np.testing.assert_array_equal(pe.num_to_predict([5, 15, 25], 0.1, 20), [0 + 1, 2, 2])
+  np.testing.assert_array_equal(masking.num_to_predict([5, 15, 25], 0.1, 20), [0 + 1, 2, 2])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -154,10 +155,10 @@ def test_mask_batch_matches_reference_loop(whole_word):
   rng = np.random.default_rng(0)
   ids, mask = _random_pairs(rng, 200, 24, SPECIAL)
   word_starts = rng.random(ids.shape) < 0.5 if whole_word else None
-  randoms = pe.draw_mask_randoms(rng, ids.shape, SPECIAL)
-  out = pe.apply_masks(ids, mask, randoms, SPECIAL, 0.2, 6, word_starts)
+  randoms = masking.draw_mask_randoms(rng, ids.shape, SPECIAL)
+  out = masking.apply_masks(ids, mask, randoms, SPECIAL, 0.2, 6, word_starts)
   for r in range(len(ids)):
-    row_randoms = pe.MaskRandoms(*(x[r] for x in randoms))
+    row_randoms = masking.MaskRandoms(*(x[r] for x in randoms))
     expected = _reference_masks(list(ids[r]), int(mask[r].sum()), row_randoms, SPECIAL, 0.2, 6,
                                 None if word_starts is None else word_starts[r])
     np.testing.assert_array_equal(out["input_ids"][r], expected[0])
@@ -169,28 +170,28 @@ def test_mask_batch_matches_reference_loop(whole_word):
 def test_mask_batch_rows_match_mask_tokens():
   rng = np.random.default_rng(1)
   ids, mask = _random_pairs(rng, 5, 16, SPECIAL)
-  out = pe.mask_batch(ids, mask, np.random.default_rng(7), SPECIAL, 0.15, 4)
+  out = masking.mask_batch(ids, mask, np.random.default_rng(7), SPECIAL, 0.15, 4)
   one_by_one = np.random.default_rng(7)
   for r in range(5):
-    masked, positions, _, _ = pe.mask_tokens(ids[r], mask[r], one_by_one, SPECIAL, 0.15, 4)
+    masked, positions, _, _ = masking.mask_tokens(ids[r], mask[r], one_by_one, SPECIAL, 0.15, 4)
     np.testing.assert_array_equal(out["input_ids"][r], masked)
     np.testing.assert_array_equal(out["masked_lm_positions"][r], positions)
 
 
 def test_mask_statistics():
-  special = pe.SpecialTokens(pad=0, cls=2, sep=3, mask=4, vocab_size=1000,
-                             ids_never_masked=frozenset({1}))
+  special = masking.SpecialTokens(pad=0, cls=2, sep=3, mask=4, vocab_size=1000,
+                                  ids_never_masked=frozenset({1}))
   rng = np.random.default_rng(0)
   ids, mask = _random_pairs(rng, 2000, 128, special, min_len=64)
   ids[:, 5] = np.where(mask[:, 5] > 0, 1, ids[:, 5])  # an [UNK] in each row: never chosen
-  out = pe.mask_batch(ids, mask, rng, special, 0.15, max_predictions_per_seq=128)
+  out = masking.mask_batch(ids, mask, rng, special, 0.15, max_predictions_per_seq=128)
   weights = out["masked_lm_weights"] > 0  # [batch, 128]
   rows = np.broadcast_to(np.arange(len(ids))[:, None], weights.shape)
   pos = out["masked_lm_positions"][weights]
   chosen = np.zeros(ids.shape, bool)
   chosen[rows[weights], pos] = True
   # Exactly round(0.15 * real tokens) per row, ~15% of all real tokens.
-  np.testing.assert_array_equal(weights.sum(1), pe.num_to_predict(mask.sum(1), 0.15, 128))
+  np.testing.assert_array_equal(weights.sum(1), masking.num_to_predict(mask.sum(1), 0.15, 128))
   assert abs(chosen.sum() / mask.sum() - 0.15) < 0.01
   # Never a special token or padding; labels are the original tokens.
   assert not np.isin(ids[chosen], list(special.ids_never_masked)).any()
@@ -220,8 +221,8 @@ def test_max_predictions_respected():
   rng = np.random.default_rng(2)
   ids, mask = _random_pairs(rng, 300, 64, SPECIAL, min_len=40)
   for word_starts in (None, rng.random(ids.shape) < 0.6):
-    out = pe.mask_batch(ids, mask, rng, SPECIAL, 0.15, max_predictions_per_seq=3,
-                        word_starts=word_starts)
+    out = masking.mask_batch(ids, mask, rng, SPECIAL, 0.15, max_predictions_per_seq=3,
+                             word_starts=word_starts)
     assert out["masked_lm_positions"].shape == (300, 3)
     counts = out["masked_lm_weights"].sum(1)
     assert counts.max() == 3
@@ -233,7 +234,7 @@ def test_whole_word_masking_keeps_words_whole():
   rng = np.random.default_rng(3)
   ids, mask = _random_pairs(rng, 500, 48, SPECIAL, min_len=20)
   word_starts = rng.random(ids.shape) < 0.4  # long words: many skips
-  out = pe.mask_batch(ids, mask, rng, SPECIAL, 0.15, 10, word_starts=word_starts)
+  out = masking.mask_batch(ids, mask, rng, SPECIAL, 0.15, 10, word_starts=word_starts)
   candidate = (mask > 0) & ~np.isin(ids, list(SPECIAL.ids_never_masked))
   num_whole_words = 0
   for r in range(len(ids)):
@@ -255,22 +256,22 @@ def test_whole_word_masking_keeps_words_whole():
 
 def test_mask_batch_speed():
   import time
-  special = pe.SpecialTokens(pad=0, cls=2, sep=3, mask=4, vocab_size=30000)
+  special = masking.SpecialTokens(pad=0, cls=2, sep=3, mask=4, vocab_size=30000)
   ids, mask = _random_pairs(np.random.default_rng(0), 64, 128, special, min_len=100)
   rng = np.random.default_rng(1)
-  pe.mask_batch(ids, mask, rng, special)
+  masking.mask_batch(ids, mask, rng, special)
   start = time.perf_counter()
   for _ in range(10):
-    pe.mask_batch(ids, mask, rng, special, word_starts=ids % 3 > 0)
+    masking.mask_batch(ids, mask, rng, special, word_starts=ids % 3 > 0)
   assert (time.perf_counter() - start) / 10 < 0.03  # a few ms; generous for a loaded machine
 
 
 def test_unmask_restores_tokens():
   rng = np.random.default_rng(4)
   ids, mask = _random_pairs(rng, 50, 32, SPECIAL)
-  out = pe.mask_batch(ids, mask, rng, SPECIAL, 0.15, 5)
+  out = masking.mask_batch(ids, mask, rng, SPECIAL, 0.15, 5)
   assert (out["input_ids"] != ids).any()
-  np.testing.assert_array_equal(pe.unmask(out), ids)
+  np.testing.assert_array_equal(masking.unmask(out), ids)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -290,7 +291,7 @@ def test_segment_pairs_exact():
   # doc 2: short? .544 (no). [30] then [31..36] reaches 7: a_end = 1, random? .935 no.
   docs = [[[10, 11], [12, 13, 14], [15]], [[20, 21, 22], [23]],
           [[30], [31, 32, 33, 34, 35, 36]]]
-  ex = pe.create_segment_pairs(docs, 10, 0.0, np.random.default_rng(0), SPECIAL)
+  ex = pairs.create_segment_pairs(docs, 10, 0.0, np.random.default_rng(0), SPECIAL)
   np.testing.assert_array_equal(ex["input_ids"], [
       [2, 10, 11, 12, 13, 3, 20, 21, 22, 3],
       [2, 15, 3, 23, 3, 0, 0, 0, 0, 0],
@@ -309,10 +310,10 @@ def test_segment_pairs_exact():
 def test_truncate_pair_rule():
   # Excess 4. A (6) > B (3): front of A; A (5) > 3: back of A; A (4) > 3: front of A;
   # A (3) == B (3): B on a tie, back of B.
-  a, b = pe._truncate_pair(np.arange(1, 7), np.arange(7, 10), 5, _Coins([.1, .7, .2, .9]))
+  a, b = pairs._truncate_pair(np.arange(1, 7), np.arange(7, 10), 5, _Coins([.1, .7, .2, .9]))
   np.testing.assert_array_equal(a, [3, 4, 5])
   np.testing.assert_array_equal(b, [7, 8])
-  a, b = pe._truncate_pair(np.arange(1, 3), np.arange(3, 6), 5, _Coins([]))  # fits: untouched
+  a, b = pairs._truncate_pair(np.arange(1, 3), np.arange(3, 6), 5, _Coins([]))  # fits: untouched
   np.testing.assert_array_equal(np.concatenate([a, b]), np.arange(1, 6))
 
 
@@ -336,9 +337,9 @@ def test_next_sentence_rate():
   # short sentences and short_seq_prob=0 keep that rare, so the rate is that of the coin.
   rng = np.random.default_rng(5)
   docs, _, vocab = _numbered_corpus(rng, 100, (100, 200), 8)
-  special = pe.SpecialTokens(pad=0, cls=2, sep=3, mask=4, vocab_size=vocab)
-  labels = pe.create_segment_pairs(docs, 48, 0.0, rng, special,
-                                   dupe_factor=4)["next_sentence_label"]
+  special = masking.SpecialTokens(pad=0, cls=2, sep=3, mask=4, vocab_size=vocab)
+  labels = pairs.create_segment_pairs(docs, 48, 0.0, rng, special,
+                                      dupe_factor=4)["next_sentence_label"]
   assert len(labels) > 7000
   assert abs(labels.mean() - 0.5) < 0.02
 
@@ -347,8 +348,8 @@ def test_segment_pairs_structure():
   rng = np.random.default_rng(5)
   docs, owner, vocab = _numbered_corpus(rng, 100, (20, 60), 12)
   max_seq = 48
-  special = pe.SpecialTokens(pad=0, cls=2, sep=3, mask=4, vocab_size=vocab)
-  ex = pe.create_segment_pairs(docs, max_seq, 0.1, rng, special, dupe_factor=3)
+  special = masking.SpecialTokens(pad=0, cls=2, sep=3, mask=4, vocab_size=vocab)
+  ex = pairs.create_segment_pairs(docs, max_seq, 0.1, rng, special, dupe_factor=3)
   labels = ex["next_sentence_label"]
   assert len(labels) > 2000 and 0.4 < labels.mean() < 0.6
   lengths = ex["input_mask"].sum(1)
@@ -375,8 +376,8 @@ def test_segment_pairs_structure():
 def test_segment_pairs_long_sentences_are_cut():
   rng = np.random.default_rng(6)
   docs, _, vocab = _numbered_corpus(rng, 10, (1, 5), 100)
-  special = pe.SpecialTokens(pad=0, cls=2, sep=3, mask=4, vocab_size=vocab)
-  ex = pe.create_segment_pairs(docs, 16, 0.0, rng, special, dupe_factor=5)
+  special = masking.SpecialTokens(pad=0, cls=2, sep=3, mask=4, vocab_size=vocab)
+  ex = pairs.create_segment_pairs(docs, 16, 0.0, rng, special, dupe_factor=5)
   assert ex["input_ids"].shape[1] == 16
   assert (ex["input_mask"].sum(1) == 16).mean() > 0.9
   assert ((ex["input_ids"] == special.sep).sum(1) == 2).all()
@@ -384,11 +385,11 @@ def test_segment_pairs_long_sentences_are_cut():
 
 def test_segment_pairs_single_document_terminates():
   docs = [[[5, 6], [7], [8, 9, 10], [11]]]
-  ex = pe.create_segment_pairs(docs, 8, 0.5, np.random.default_rng(0), SPECIAL, dupe_factor=20)
+  ex = pairs.create_segment_pairs(docs, 8, 0.5, np.random.default_rng(0), SPECIAL, dupe_factor=20)
   assert len(ex["input_ids"]) >= 20
   assert (ex["input_mask"].sum(1) <= 8).all()
   docs = [[[5, 6, 7]], [[8]], [], [[]]]  # one-sentence and empty documents
-  ex = pe.create_segment_pairs(docs, 8, 0.0, np.random.default_rng(0), SPECIAL)
+  ex = pairs.create_segment_pairs(docs, 8, 0.0, np.random.default_rng(0), SPECIAL)
   np.testing.assert_array_equal(ex["next_sentence_label"], [1, 1])
   np.testing.assert_array_equal(ex["input_ids"], [[2, 5, 6, 7, 3, 8, 3, 0],
                                                   [2, 8, 3, 5, 6, 7, 3, 0]])
@@ -396,6 +397,6 @@ def test_segment_pairs_single_document_terminates():
 
 def test_segment_pairs_bad_input():
   with pytest.raises(UserError, match="no tokens"):
-    pe.create_segment_pairs([[], [[]]], 16, 0.1, np.random.default_rng(0), SPECIAL)
+    pairs.create_segment_pairs([[], [[]]], 16, 0.1, np.random.default_rng(0), SPECIAL)
   with pytest.raises(UserError, match="max_seq_length"):
-    pe.create_segment_pairs([[[5]]], 4, 0.1, np.random.default_rng(0), SPECIAL)
+    pairs.create_segment_pairs([[[5]]], 4, 0.1, np.random.default_rng(0), SPECIAL)

@@ -15,15 +15,15 @@ import pytest
 
 from bertjax.tools import bench
 from bertjax.training import flops, parallel, train
-from bertjax.data.pretraining import examples as pe
+from bertjax.data.pretraining import masking, pairs
 from bertjax.errors import UserError
 from bertjax.models import heads
 from bertjax.models.config import bert_config
 from bertjax.tasks import pretraining
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SPECIAL = pe.SpecialTokens(pad=0, cls=2, sep=3, mask=4, vocab_size=64,
-                           ids_never_masked=frozenset({0, 1, 2, 3, 4}))
+SPECIAL = masking.SpecialTokens(pad=0, cls=2, sep=3, mask=4, vocab_size=64,
+                                ids_never_masked=frozenset({0, 1, 2, 3, 4}))
 
 
 def _config(**train_overrides):
@@ -58,8 +58,8 @@ class _Batches:
   def _batch(self, rows, seed):
     ids = self.examples["input_ids"][rows]
     batch = {key: value[rows] for key, value in self.examples.items()}
-    batch.update(pe.mask_batch(ids, batch["input_mask"], np.random.default_rng(seed), SPECIAL,
-                               0.15, 4))
+    batch.update(masking.mask_batch(ids, batch["input_mask"], np.random.default_rng(seed),
+                                    SPECIAL, 0.15, 4))
     batch["example_weight"] = np.ones(len(rows), np.float32)
     return batch
 
@@ -82,8 +82,8 @@ class _Batches:
 
 def _task(config, dropout=0.1):
   """A pretraining Task over synthetic documents, as tasks.pretraining builds it from text."""
-  examples = pe.create_segment_pairs(_documents(), config.data.max_seq_length, 0.1,
-                                     np.random.default_rng(0), SPECIAL, dupe_factor=2)
+  examples = pairs.create_segment_pairs(_documents(), config.data.max_seq_length, 0.1,
+                                        np.random.default_rng(0), SPECIAL, dupe_factor=2)
   batches = _Batches(examples, config.train.batch_size)
   model = heads.BertForPreTraining(_bert_config(dropout))
   return train.Task(model=model, terms=pretraining.make_terms(7),

@@ -17,7 +17,7 @@ from transformers.models.bert import tokenization_bert_legacy as legacy
 
 from bertjax import tokenization
 from bertjax.data import sources
-from bertjax.data.pretraining import examples as pretraining_examples
+from bertjax.data.pretraining import masking
 from bertjax.errors import UserError
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -256,7 +256,7 @@ def test_vocab_errors(tmp_path):
 
 
 def test_pretraining_accepts_it(tok):
-  special = pretraining_examples.SpecialTokens.from_tokenizer(tok)
+  special = masking.SpecialTokens.from_tokenizer(tok)
   assert (special.pad, special.cls, special.sep, special.mask) == (0, 101, 102, 103)
   assert special.vocab_size == tok.vocab_size
   assert special.ids_never_masked == frozenset({0, 100, 101, 102, 103})

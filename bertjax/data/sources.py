@@ -1,7 +1,7 @@
 """Where text comes from: local text files (the default, and the bundled corpus) or TFDS.
 
 Every reader returns documents, each a list of sentences (`list[list[str]]`), the shape
-`bertjax.data.pretraining.examples` pairs into next-sentence examples.
+`bertjax.data.pretraining.pairs` pairs into next-sentence examples.
 
   read_text_files("corpus/*.txt,more.txt")   # one sentence per line, blank line between docs
   read_tfds("wikipedia/20230601.en", "train", "text", data_dir="~/tensorflow_datasets")

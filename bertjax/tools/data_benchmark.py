@@ -24,9 +24,8 @@ import time
 
 import numpy as np
 
-from bertjax.data import prepare, sources
-from bertjax.data.pretraining import loader, shards
-from bertjax.data.pretraining import examples as pe
+from bertjax.data import sources
+from bertjax.data.pretraining import layout, loader, masking, preparation, shards
 
 _VOCAB = 8000
 
@@ -47,11 +46,11 @@ def corpus_file(directory: str, megabytes: int) -> str:
 def time_preparation(text: str, output_dir: str, workers: int, lengths: tuple[int, ...]
                      ) -> tuple[float, dict]:
   """(seconds, info.json) of preparing `text` into a new `output_dir`."""
-  options = prepare.Options(input=text, vocab_size=_VOCAB, max_seq_length=lengths,
+  options = layout.Options(input=text, vocab_size=_VOCAB, max_seq_length=lengths,
                             max_predictions_per_seq=tuple(round(n * 20 / 128) for n in lengths),
                             dupe_factor=5, eval_fraction=0.01, shard_size_mb=16)
   start = time.perf_counter()
-  info = prepare.prepare(options, output_dir, workers=workers, progress=False)
+  info = preparation.prepare(options, output_dir, workers=workers, progress=False)
   return time.perf_counter() - start, info
 
 
@@ -83,9 +82,9 @@ def loader_throughput(data: str, length: int, seconds: float = 5.0,
   with packing) at `length`."""
   prepared = loader.PreparedData(data)
   tok = prepared.tokenizer()
-  masking = loader.Masking(pe.SpecialTokens.from_tokenizer(tok), 0.15, round(length * 20 / 128),
-                           True, 0, None)
-  batches = loader.PairBatches(prepared, length, masking, batch_size=256, threads=1,
+  rules = loader.Masking(masking.SpecialTokens.from_tokenizer(tok), 0.15, round(length * 20 / 128),
+                         True, 0, None)
+  batches = loader.PairBatches(prepared, length, rules, batch_size=256, threads=1,
                                packing=packing)
   n = batches.num_rows()
   rng = np.random.default_rng(0)
@@ -105,7 +104,7 @@ def packing_figures(data: str) -> list[str]:
   """A line per length of prepared `data` on its packing: examples a row, real tokens / slots
   unpacked and packed."""
   info = loader.PreparedData(data).info
-  return [prepare.packing_summary(int(length), phase) if "packs" in phase else
+  return [preparation.packing_summary(int(length), phase) if "packs" in phase else
           f"packing at {length}: no plans (prepared by an older bertjax)"
           for length, phase in info["phases"].items()]
 
@@ -153,7 +152,7 @@ def main(argv=None) -> None:
     text = corpus_file(args.dir, megabytes)
     mb = os.path.getsize(text) / 2**20
     data = os.path.join(args.dir, f"data_{megabytes}MB")
-    if os.path.exists(os.path.join(data, prepare.INFO_FILE)):
+    if os.path.exists(os.path.join(data, layout.INFO_FILE)):
       print(f"{mb:.0f} MB: reusing {data}")
     else:
       seconds, info = time_preparation(text, data, args.workers, (128, 512))

@@ -1,9 +1,9 @@
-"""Pretraining data prepared by an Apache Beam pipeline: prepare.py's text shards on Beam workers.
+"""Pretraining data prepared by an Apache Beam pipeline: text shards processed on Beam workers.
 
 `python -m bertjax.data.prepare ... --runner=NAME` plans the text shards and writes DATA/plan.json
-and the vocabulary on this machine, then `run` processes the unfinished text shards as a Beam
-pipeline, one `prepare.process_text_shard` call per shard, and prepare.py writes DATA/info.json
-once the pipeline is done. The files written do not depend on the runner or the workers.
+and the vocabulary on this machine (preparation.py), then `run` processes the unfinished text
+shards as a Beam pipeline, one `shard_work.process_text_shard` call per shard, and
+preparation.py writes DATA/info.json once the pipeline is done. The files written do not depend on the runner or the workers.
 
 Every worker reads DATA/plan.json and the vocabulary and writes its shards into DATA, at the path
 this machine gives (made absolute here), so DATA must be a directory every worker reads and
@@ -17,7 +17,8 @@ absolute paths), so put them under a shared mount as well. On Dataflow, for exam
       --requirements_file=requirements.txt
 
 Workers need bertjax installed: list it in --requirements_file, or give --setup_file=./setup.py
-from a checkout (or a custom --sdk_container_image). Flags prepare.py does not know go to Beam.
+from a checkout (or a custom --sdk_container_image). Flags bertjax.data.prepare does not know
+go to Beam.
 Beam itself: pip install 'bertjax[beam]' (apache-beam==2.77.0).
 """
 from __future__ import annotations
@@ -28,7 +29,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from bertjax.data import prepare
+from bertjax.data.pretraining import layout, shard_work
 from bertjax.errors import UserError
 
 _METRICS = "bertjax.prepare"  # namespace of the pipeline's counters
@@ -76,12 +77,12 @@ def process_shard(index: int, output_dir: str) -> int:
   counted in the Beam metrics `text_shards` and `records`. Returns `index`."""
   import apache_beam as beam  # pylint: disable=import-outside-toplevel
 
-  plan = os.path.join(output_dir, prepare.PLAN_FILE)
+  plan = os.path.join(output_dir, layout.PLAN_FILE)
   if not os.path.exists(plan):
     raise UserError(f"{plan} is not on this Beam worker; --output_dir must be a directory every "
                     "worker reads and writes at the same path (a mounted bucket such as gcsfuse "
                     "for Dataflow), not the launching machine's local disk.")
-  done = prepare.process_text_shard(output_dir, index)
+  done = shard_work.process_text_shard(output_dir, index)
   beam.metrics.Metrics.counter(_METRICS, "text_shards").inc()
   beam.metrics.Metrics.counter(_METRICS, "records").inc(sum(done["files"].values()))
   return index
@@ -153,11 +154,10 @@ def _check_done(output_dir: str, indices: list[int], runner: str, state) -> None
   if state != PipelineState.DONE:
     raise UserError(f"the {runner} job ended {state}, not DONE; rerun the same command to finish "
                     "it (finished text shards are kept).")
-  done = prepare._done_path  # pylint: disable=protected-access
-  missing = [i for i in indices if not os.path.exists(done(output_dir, i))]
+  missing = [i for i in indices if not os.path.exists(layout.done_path(output_dir, i))]
   if missing:
     raise UserError(f"the {runner} job finished but {len(missing)} of {len(indices)} text shards "
-                    f"are not in {output_dir} here (e.g. {prepare.DONE_DIR}/{missing[0]:05d}.json):"
+                    f"are not in {output_dir} here (e.g. {layout.DONE_DIR}/{missing[0]:05d}.json):"
                     " --output_dir must be a directory every worker writes (a mounted bucket "
                     "such as gcsfuse), not each worker's local disk.")
 

@@ -23,12 +23,13 @@ cls_positions [batch, k]; masked_lm_* become [batch, k * max_predictions], next_
 and example_weight [batch, k] (example_weight 0 in empty slots). Evaluation is never packed.
 
 Contiguous spans (`contiguous=True`, prepared with --contiguous=true): the examples are the
-phase's single-segment `[CLS] span [SEP]` rows (segment ids 0, next_sentence_label 0) of the
-No NSP and left-to-right ablations, read, masked and resumed exactly as pairs are. For the
-left-to-right LM (`NextTokens` instead of `Masking`) nothing is masked: masked_lm_positions
-[batch, seq - 1] are every position but the last, masked_lm_ids the token after each and
-masked_lm_weights 1 where that token is real, so the MLM head and its loss score each real
-position's next token.
+phase's spans of the No NSP and left-to-right ablations, `[CLS] A [SEP] B [SEP]` rows of
+contiguous text cut at a sentence boundary (segment ids 0 then 1, next_sentence_label 0; data
+prepared before layout.FORMAT 2: `[CLS] span [SEP]`, segment ids 0), read, masked and resumed
+exactly as pairs are. For the left-to-right LM (`NextTokens` instead of `Masking`) nothing is
+masked: masked_lm_positions [batch, seq - 1] are every position but the last, masked_lm_ids the
+token after each and masked_lm_weights 1 where that token is real, so the MLM head and its loss
+score each real position's next token.
 
 Masks: with dynamic masking, the example of record r is masked in epoch e from a generator
 seeded by (seed, e, r), so masks change every epoch and do not depend on the batch size or the
@@ -45,12 +46,12 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from bertjax.data import pipeline, prepare
-from bertjax.data.pretraining import packing, shards
-from bertjax.data.pretraining import examples as pe
+from bertjax import tokenization
+from bertjax.data import pipeline
+from bertjax.data.pretraining import layout, masking, packing, pairs, shards
 from bertjax.errors import UserError
 
-BATCH_KEYS = pe.PAIR_KEYS + pe.MASK_KEYS + ("example_weight",)
+BATCH_KEYS = pairs.PAIR_KEYS + masking.MASK_KEYS + ("example_weight",)
 PACKED_BATCH_KEYS = BATCH_KEYS + packing.PACKED_KEYS
 _STATIC_MASKS, _DYNAMIC_MASKS, _ORDER = 0, 1, 2  # kinds of seed, so no two draws share one
 
@@ -63,12 +64,12 @@ class PreparedData:
 
   def __init__(self, directory: str):
     self.directory = directory
-    path = os.path.join(directory, prepare.INFO_FILE)
+    path = os.path.join(directory, layout.INFO_FILE)
     if not os.path.isfile(path):
       hint = (" (its preparation did not finish: rerun bertjax.data.prepare with the same flags "
-              "to resume it)" if os.path.exists(os.path.join(directory, prepare.PLAN_FILE))
+              "to resume it)" if os.path.exists(os.path.join(directory, layout.PLAN_FILE))
               else "")
-      raise UserError(f"{directory} holds no prepared data: no {prepare.INFO_FILE}{hint}. "
+      raise UserError(f"{directory} holds no prepared data: no {layout.INFO_FILE}{hint}. "
                       "Make it with python -m bertjax.data.prepare.")
     try:
       with open(path) as f:
@@ -81,8 +82,6 @@ class PreparedData:
 
   def tokenizer(self):
     """The tokenizer of the vocabulary the shards were made with."""
-    from bertjax import tokenization  # pylint: disable=import-outside-toplevel
-
     return tokenization.load_tokenizer(os.path.join(self.directory, self.info["vocab"]["file"]))
 
   @property
@@ -107,14 +106,14 @@ class PreparedData:
 
   def has_contiguous(self, length: int) -> bool:
     """Whether contiguous spans were prepared at `length` (prepare --contiguous=true)."""
-    return str(length) in self.info.get(prepare.CONTIGUOUS, {})
+    return str(length) in self.info.get(layout.CONTIGUOUS, {})
 
   def spans(self, length: int, split: str) -> shards.Records:
     """The `split` contiguous spans at `length` (a length with has_contiguous), opened and
     checked on first use."""
-    key = (length, split, prepare.CONTIGUOUS)
+    key = (length, split, layout.CONTIGUOUS)
     if key not in self._sources:
-      listing = self.info[prepare.CONTIGUOUS][str(length)][split]
+      listing = self.info[layout.CONTIGUOUS][str(length)][split]
       self._sources[key] = shards.Records(
           [os.path.join(self.directory, name) for name, _ in listing], [n for _, n in listing])
     return self._sources[key]
@@ -122,7 +121,7 @@ class PreparedData:
   def max_sequences_per_row(self) -> int:
     """k of the packing plans (the flag's default for data prepared before it existed)."""
     return int(self.flags.get("max_sequences_per_row",
-                              prepare.Options(input="").max_sequences_per_row))
+                              layout.Options(input="").max_sequences_per_row))
 
   def has_packs(self, length: int) -> bool:
     """Whether the training pairs at `length` have packing plans."""
@@ -153,7 +152,7 @@ class Masking:
   """How a batch is masked: the rules, the special ids, and the word tables of whole-word
   masking (`Tokenizer.word_boundary_tables`, or None)."""
 
-  def __init__(self, special: pe.SpecialTokens, masked_lm_prob: float, max_predictions: int,
+  def __init__(self, special: masking.SpecialTokens, masked_lm_prob: float, max_predictions: int,
                dynamic: bool, seed: int, word_tables: tuple[np.ndarray, np.ndarray] | None):
     self.special, self.masked_lm_prob = special, masked_lm_prob
     self.max_predictions, self.dynamic, self.seed = max_predictions, dynamic, seed
@@ -163,16 +162,14 @@ class Masking:
             epochs: np.ndarray | None) -> dict[str, np.ndarray]:
     """Masks padded pairs ([n, seq] arrays) of `records` ([n] indices) for `epochs` ([n], or
     None for the fixed masks)."""
-    from bertjax import tokenization  # pylint: disable=import-outside-toplevel
-
     seq = pairs["input_ids"].shape[1]
-    randoms = pe.stack_mask_randoms([
-        pe.draw_mask_randoms(self._rng(int(r), None if epochs is None else int(e)), (seq,),
+    randoms = masking.stack_mask_randoms([
+        masking.draw_mask_randoms(self._rng(int(r), None if epochs is None else int(e)), (seq,),
                              self.special)
         for r, e in zip(records, records if epochs is None else epochs)], seq)
     starts = (None if self.word_tables is None else
               tokenization.word_starts(pairs["input_ids"], *self.word_tables))
-    return pe.apply_masks(pairs["input_ids"], pairs["input_mask"], randoms, self.special,
+    return masking.apply_masks(pairs["input_ids"], pairs["input_mask"], randoms, self.special,
                           self.masked_lm_prob, self.max_predictions, starts)
 
   def _rng(self, record: int, epoch: int | None) -> np.random.Generator:
@@ -187,7 +184,7 @@ class NextTokens:
   masked. Takes a Masking's place in PairBatches."""
   dynamic = False  # the targets never change
 
-  def __init__(self, special: pe.SpecialTokens, seed: int):
+  def __init__(self, special: masking.SpecialTokens, seed: int):
     self.special, self.seed = special, seed
 
   def apply(self, pairs: dict[str, np.ndarray], records: np.ndarray,

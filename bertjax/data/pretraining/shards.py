@@ -1,17 +1,9 @@
 """Prepared pretraining data on disk: ArrayRecord shards of documents and of NSP segment pairs.
 
-A prepared directory (`bertjax.data.prepare` writes it) holds
-
-  info.json                                   flags, counts, vocabulary hash, shard lists
-  vocab.model | vocab.txt                     the vocabulary every shard was tokenized with
-  documents/{train,heldout}-SSSSS-of-NNNNN.array_record    tokenized documents
-  seq{L}/{train,heldout}-SSSSS-of-NNNNN.array_record       NSP pairs of L tokens (one per phase)
-  seq{L}/packs-train-SSSSS-of-NNNNN.npy       the training pairs' packing plan (packing.py)
-  contiguous{L}/{train,heldout}-...           contiguous spans of L tokens (prepare
-                                              --contiguous=true: No NSP and LTR pretraining)
-
-Shard SSSSS of NNNNN holds what text shard SSSSS of the input became. Records are flat arrays
-of the token dtype (uint16 for vocabularies up to 65,536 ids, else int32):
+The shards of a prepared directory (layout.py lists its files) are named
+`KIND/{train,heldout}-SSSSS-of-NNNNN.array_record` (`shard_name`): shard SSSSS of NNNNN holds
+what text shard SSSSS of the input became. Records are flat arrays of the token dtype (uint16
+for vocabularies up to 65,536 ids, else int32):
 
   document: [num_sentences, length_1 .. length_n, tokens of sentence 1 .. n]
   pair:     [len_a, len_b, is_random_next, num_predictions, A tokens, B tokens,
@@ -19,8 +11,10 @@ of the token dtype (uint16 for vocabularies up to 65,536 ids, else int32):
                                                             is 0 unless masks are stored)
 
 With static masks the stored A and B tokens are the masked ones and the positions index the
-padded `[CLS] A [SEP] B [SEP]` row. A contiguous span is a pair record whose B is empty
-(len_b = 0, is_random_next = 0): its row is `[CLS] A [SEP]`, segment ids all 0.
+padded `[CLS] A [SEP] B [SEP]` row. A contiguous span is a pair record with is_random_next = 0:
+its text cut into A and B at a sentence boundary (layout.FORMAT 2), or, as data of format 1
+stored every span, and as a span too short to cut is stored, a record whose B is empty
+(len_b = 0): its row is `[CLS] A [SEP]`, segment ids all 0.
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ A text shard is a byte range of a text file that starts at a document ({"path", 
 "stop"}; found by seeking, never reading a file whole) or a range of a TFDS split's examples
 ({"tfds", "split", "start", "stop"}). This module plans them, reads one into documents (lists
 of sentences), splits a shard's documents into training and held-out ones, and gives the
-training sentences a vocabulary is trained on. `options` is a prepare.Options.
+training sentences a vocabulary is trained on. `options` is a layout.Options.
 """
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from bertjax.data import sources
 from bertjax.errors import UserError
 
-HELDOUT_SEED = 1  # kind of seeded generator of the held-out split (prepare.py has the others)
-
+HELDOUT_SEED = 1  # kind of seeded generator of the held-out split (shard_work.py has the others)
 
 
 def plan_text_shards(options) -> list[dict]:
@@ -28,8 +28,6 @@ def plan_text_shards(options) -> list[dict]:
     step = options.tfds_documents_per_shard
     return [{"tfds": name, "split": split, "start": s, "stop": min(s + step, count)}
             for s in range(0, count, step)]
-  from bertjax.data import sources  # pylint: disable=import-outside-toplevel
-
   target = max(1, int(options.shard_size_mb * 2**20))
   shards = []
   for path in sources.expand_globs(options.input):
@@ -57,8 +55,6 @@ def _document_start(path: str, offset: int) -> int:
 
 def read_text_shard(shard: dict, options) -> list[list[str]]:
   """The documents (lists of sentences) of one text shard."""
-  from bertjax.data import sources  # pylint: disable=import-outside-toplevel
-
   if "tfds" in shard:
     source = _tfds_source(shard["tfds"], shard["split"], options)
     examples = source.__getitems__(list(range(shard["start"], shard["stop"])))
@@ -93,8 +89,6 @@ def _tfds_name_split(spec: str) -> tuple[str, str]:
 
 def _tfds_source(name: str, split: str, options):
   """The array_record data source of a TFDS split (random access, no TensorFlow)."""
-  from bertjax.data import sources  # pylint: disable=import-outside-toplevel
-
   builder = sources.open_tfds_builder(name, options.tfds_data_dir or None)
   sources.check_tfds_text(builder, name, split, options.tfds_feature)
   try:
