@@ -1,4 +1,8 @@
-"""One run at a time on a workdir: WORKDIR/.lock.
+"""A run's WORKDIR: the name of each file in it, and the lock that keeps one run at a time on it.
+
+Every file a run writes in WORKDIR is named once, here (the constants below); the model
+directory's files that a run writes there too, bert_config.json and the tokenizer's, are named by
+`bertjax.model_files`, which reads them back from any model directory.
 
 Two runs on one workdir would interleave their checkpoints, logs and prepared data, so
 `bertjax.main` holds the workdir for the whole run, from before any work (data preparation writes
@@ -45,7 +49,15 @@ import numpy as np
 
 from bertjax.errors import UserError
 
-LOCK_FILE = ".lock"
+# WORKDIR/...
+LOCK_FILE = ".lock"  # the run that holds the workdir (below)
+CONFIG_FILE = "config.json"  # the run's whole config, written at its start
+CHECKPOINTS_DIR = "checkpoints"  # checkpoints/<step>/ (`bertjax.training.checkpoint`)
+METRICS_FILE = "metrics.jsonl"  # one line per logged step and evaluation (reports)
+TENSORBOARD_DIR = "tensorboard"  # the same scalars as TensorBoard events (reports)
+EVAL_RESULTS_FILE = "eval_results.json"  # the last evaluation and the task's main metric
+CURVES_FILE = "curves.png"  # the loss and the main metric against the steps (curves)
+
 HEARTBEAT_SECONDS = 30.0  # how often a run touches its lock
 STALE_SECONDS = 600.0  # a lock from elsewhere untouched this long belongs to a dead run
 _MESSAGE_BYTES = 4096  # room for process 0's message to the other processes

@@ -21,11 +21,10 @@ import test_ner
 import test_squad
 import test_swag
 from bertjax import model_files
-from bertjax.training import init_params, parallel, train
+from bertjax.training import init_params, parallel, steps
 from bertjax.convert import hf
 from bertjax.errors import UserError
 from bertjax.models import bert, bilstm, heads
-from bertjax.models.config import BertConfig
 from bertjax.models.config import BertConfig
 from bertjax.tasks import FINETUNING, finetuning
 
@@ -192,7 +191,7 @@ def test_bilstm_on_top_trains_every_head_kind(kind, model_dir, data_dir, tmp_pat
   task = finetuning.make_task(FINETUNING[config.task], config, str(tmp_path))
   assert task.model.bilstm_on_top
   first = next(task.batches.train(None))[0]
-  setup = train.build(config, task, first)
+  setup = steps.build(config, task, first)
   batch = parallel.global_batch(first, setup.mesh)
   fresh = random_params(task.model, *(first[k] for k in task.model.batch_keys),
                         deterministic=True, scale=0.1)
@@ -206,7 +205,7 @@ def test_bilstm_on_top_trains_every_head_kind(kind, model_dir, data_dir, tmp_pat
   kernel = params["bilstm"]["layer_0"]["forward"]["ii"]["kernel"]
   assert kernel.shape == (64, 32)  # [H, H/2]
   state = dict(step=jnp.zeros((), jnp.int32), params=params, rng=jax.random.PRNGKey(0),
-               opt_state=train.make_optimizer(config.train)[0].init(params))
+               opt_state=steps.make_optimizer(config.train)[0].init(params))
   # placed as the trainer places it (unplaced arrays would compile the step a second time)
   state = jax.device_put(state, jax.tree.map(lambda a: a.sharding, setup.abstract_state))
   losses = []

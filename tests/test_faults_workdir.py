@@ -18,7 +18,7 @@ import time
 import pytest
 
 from bertjax import workdir
-from bertjax.training import metric_logs
+from bertjax.training import reports
 from bertjax.errors import UserError
 
 from conftest import tree_digest, write_chapters
@@ -229,12 +229,12 @@ def test_a_lock_from_another_host_is_refused_until_its_heartbeat_is_stale(tmp_pa
 
 def test_metrics_are_cut_back_to_the_restored_step(tmp_path):
   """In-process: what a crashed run logged after its checkpoint, and a line it cut short, go."""
-  path = tmp_path / metric_logs.METRICS_FILE
+  path = tmp_path / workdir.METRICS_FILE
   lines = [json.dumps({"step": s, "split": "train", "loss": 1.0}) for s in (1, 2, 3, 4)]
   path.write_text("\n".join(lines) + "\n" + '{"step": 5, "spl')
-  metric_logs.keep_steps_up_to(path, 3)
+  reports.keep_steps_up_to(path, 3)
   assert path.read_text() == "\n".join(lines[:3]) + "\n"
-  assert os.listdir(tmp_path) == [metric_logs.METRICS_FILE]
+  assert os.listdir(tmp_path) == [workdir.METRICS_FILE]
 
 
 # ----------------------------------------------------------------------------------------------

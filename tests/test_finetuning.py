@@ -17,7 +17,8 @@ import optax
 import pytest
 
 from bertjax import metrics
-from bertjax.training import parallel, train
+from bertjax.training import parallel, steps
+from bertjax.training import task as task_lib
 from bertjax.configs import finetuning as finetuning_config
 from bertjax.errors import UserError
 from bertjax.models import heads
@@ -220,7 +221,7 @@ def _eval_and_step(setup, task, with_step):
   eval metric means, each eval example's input_mask as batched and its batch's width, the
   first train batch's width, the first train step's loss and gradient norm)."""
   state = setup.init_state()
-  totals, predictions = train.run_eval_step(setup, state["params"], task.batches.eval())
+  totals, predictions = steps.run_eval_step(setup, state["params"], task.batches.eval())
   predictions = finetuning.in_example_order(predictions)  # packed: back in the examples' order
   masks, widths = [], []
   for batch in task.batches.eval():
@@ -233,7 +234,7 @@ def _eval_and_step(setup, task, with_step):
     _, step_metrics = setup.train_step(state, parallel.global_batch(first, setup.mesh))
     step = {name: float(getattr(step_metrics, name).compute()) for name in ("loss", "grad_norm")}
   width = first["input_ids"].shape[1]
-  return predictions, train.means(totals), masks, np.array(widths), width, step
+  return predictions, task_lib.means(totals), masks, np.array(widths), width, step
 
 
 @pytest.mark.parametrize("spec, with_step", [
@@ -250,7 +251,7 @@ def test_length_buckets_give_the_outputs_of_full_padding(spec, with_step, model_
     config = _config(model_dir, animal_data)
     config.data.length_buckets, config.train.eval_batch_size = buckets, 4
     tasks[buckets] = finetuning.make_task(spec, config, str(tmp_path))
-  setup = train.build(config, tasks[buckets], next(tasks[buckets].batches.train(None))[0])
+  setup = steps.build(config, tasks[buckets], next(tasks[buckets].batches.train(None))[0])
   full, full_means, masks, full_widths, full_train_width, full_step = _eval_and_step(
       setup, tasks[""], with_step)
   cut, cut_means, _, widths, train_width, step = _eval_and_step(setup, tasks["8,9,10"], with_step)
@@ -282,7 +283,7 @@ def test_packing_gives_the_outputs_of_unpacked_batches(model_dir, animal_data, t
     config.data.packing, config.data.length_buckets = packing, buckets
     config.train.eval_batch_size = 8
     tasks[packing] = finetuning.make_task(spec, config, str(tmp_path))
-  setup = train.build(config, tasks[4], next(tasks[4].batches.train(None))[0])
+  setup = steps.build(config, tasks[4], next(tasks[4].batches.train(None))[0])
   full, full_means, _, _, _, full_step = _eval_and_step(setup, tasks[0], True)
   packed, means, _, widths, train_width, step = _eval_and_step(setup, tasks[4], True)
   batch = next(tasks[4].batches.train(None))[0]

@@ -19,7 +19,8 @@ _SCRIPT = textwrap.dedent(f"""
     sys.path.insert(0, {os.path.join(ROOT, 'tests')!r})
     import jax, numpy as np
     assert jax.device_count() == 8, jax.devices()
-    from bertjax.training import parallel, train
+    from bertjax.training import parallel
+    from bertjax.training import task as task_lib
     from bertjax.errors import UserError
     from bertjax.models import heads
     from bertjax.models.config import BertConfig
@@ -31,8 +32,8 @@ _SCRIPT = textwrap.dedent(f"""
                           dropout_rate=0.0, attention_dropout_rate=0.0,
                           pad_vocab_to_multiple=pad)
       base = t._task(t._config())
-      return train.Task(model=heads.BertForPreTraining(config), terms=base.terms,
-                        batches=base.batches, score=base.score)
+      return task_lib.Task(model=heads.BertForPreTraining(config), terms=base.terms,
+                           batches=base.batches, score=base.score)
 
     result = {{}}
     for tensor in (2, 4, 8):

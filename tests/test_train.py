@@ -1,5 +1,6 @@
-"""Tests of bertjax.training.train and the pretraining loss: overfitting, gradient accumulation,
-data parallelism on 2 devices, and the loss / metric arithmetic (CPU, tiny models)."""
+"""Tests of the trainer (bertjax.training: task, steps, train, reports) and the pretraining loss:
+overfitting, gradient accumulation, data parallelism on 2 devices, the loss / metric arithmetic and
+the loop's logs (CPU, tiny models)."""
 import dataclasses
 import json
 import os
@@ -14,7 +15,8 @@ import optax
 import pytest
 
 from bertjax.tools import bench
-from bertjax.training import flops, parallel, train
+from bertjax.training import flops, parallel, steps, train
+from bertjax.training import task as task_lib
 from bertjax.data.pretraining import masking, pairs
 from bertjax.errors import UserError
 from bertjax.models import heads
@@ -86,9 +88,9 @@ def _task(config, dropout=0.1):
                                         np.random.default_rng(0), SPECIAL, dupe_factor=2)
   batches = _Batches(examples, config.train.batch_size)
   model = heads.BertForPreTraining(_bert_config(dropout))
-  return train.Task(model=model, terms=pretraining.make_terms(7),
-                    batches=train.Batches(train=batches.train, eval=batches.eval),
-                    score=pretraining.score)
+  return task_lib.Task(model=model, terms=pretraining.make_terms(7),
+                       batches=task_lib.Batches(train=batches.train, eval=batches.eval),
+                       score=pretraining.score)
 
 
 def _bert_config(dropout):
@@ -101,7 +103,7 @@ def _first_batch(task):
 
 
 def _build(config, task, devices=None):
-  return train.build(config, task, _first_batch(task), devices)
+  return steps.build(config, task, _first_batch(task), devices)
 
 
 def test_tiny_model_overfits_one_batch():
@@ -173,11 +175,12 @@ def test_loss_is_weighted_mean_over_masked_positions():
 
   # Evaluation: padded rows (example_weight 0) change no total.
   def totals(b):
-    return train.run_eval_step(setup, params, [b])[0]
+    return steps.run_eval_step(setup, params, [b])[0]
 
   padded = {k: np.concatenate([v, np.zeros_like(v)]) for k, v in batch.items()}
-  padded_setup = train.build(_config(eval_batch_size=16), task, batch)
-  unpadded, with_padding = totals(batch), train.run_eval_step(padded_setup, params, [padded])[0]
+  padded_setup = steps.build(_config(eval_batch_size=16), task, batch)
+  unpadded = totals(batch)
+  with_padding = steps.run_eval_step(padded_setup, params, [padded])[0]
   for key in unpadded:
     np.testing.assert_allclose(with_padding[key].total, unpadded[key].total, rtol=1e-5)
     assert with_padding[key].count == unpadded[key].count, key
@@ -204,7 +207,7 @@ def test_gradient_accumulation_matches_one_big_batch():
   for k in (1, 2):
     config = _config(grad_accum_steps=k, num_train_steps=3)
     task = _task(config, dropout=0.0)
-    setup = train.build(config, task, batch)
+    setup = steps.build(config, task, batch)
     state = setup.init_state()
     for _ in range(2):
       state, metrics = setup.train_step(state, parallel.global_batch(batch, setup.mesh))
@@ -218,7 +221,7 @@ def test_gradient_accumulation_matches_one_big_batch():
 
 def test_batch_not_divisible_by_grad_accum_is_a_user_error():
   with pytest.raises(UserError, match="grad_accum_steps=3"):
-    train.make_checked_mesh(_config(grad_accum_steps=3))
+    steps.make_checked_mesh(_config(grad_accum_steps=3))
 
 
 def test_two_devices_match_one_device():
@@ -229,7 +232,7 @@ def test_two_devices_match_one_device():
       import jax, numpy as np
       assert jax.device_count() == 2, jax.devices()
       from bertjax.tools import bench
-      from bertjax.training import flops, parallel, train
+      from bertjax.training import parallel
       import test_train as t
       results = []
       for devices in (jax.devices()[:1], jax.devices()):
@@ -263,13 +266,13 @@ def test_evaluate_sums_over_all_batches():
   task = _task(config, dropout=0.0)
   setup = _build(config, task)
   state = setup.init_state()
-  summary, predictions = train.evaluate(setup, task, state["params"])
+  summary, predictions = steps.evaluate(setup, task, state["params"])
   assert predictions is None  # pretraining predicts nothing
   num_examples = sum(float(b["example_weight"].sum()) for b in task.batches.eval())
   assert summary["examples"] == num_examples
   assert 0 <= summary["mlm_accuracy"] <= 1 and 0 <= summary["nsp_accuracy"] <= 1
   assert summary["mlm_loss"] > 3.0  # untrained: about ln(64)
-  one, _ = train.evaluate(setup, task, state["params"], max_batches=1)
+  one, _ = steps.evaluate(setup, task, state["params"], max_batches=1)
   assert one["examples"] == config.train.eval_batch_size
 
 
@@ -298,7 +301,7 @@ def test_one_forward_pass_per_eval_batch_compiled_once():
   params = setup.init_state()["params"]
   traced.update(model=0, terms=0, predict=0)  # init traced the model
   for _ in range(2):
-    train.evaluate(setup, task, params)
+    steps.evaluate(setup, task, params)
   assert len(list(task.batches.eval())) > 1
   assert traced == {"model": 1, "terms": 1, "predict": 1}, traced
 
@@ -313,7 +316,7 @@ def test_predictions_cover_every_real_example_in_order():
   def score(totals, predictions):
     seen.update(predictions)
     return {"first_token_mean": float(np.mean(predictions["first_token"])),
-            **train.means(totals)}
+            **task_lib.means(totals)}
 
   task = dataclasses.replace(
       base, predict=lambda outputs, batch: {"first_token": batch["input_ids"][:, 1],
@@ -321,7 +324,7 @@ def test_predictions_cover_every_real_example_in_order():
       score=score)
   setup = _build(config, task)
   state = setup.init_state()
-  metrics, predictions = train.evaluate(setup, task, state["params"])
+  metrics, predictions = steps.evaluate(setup, task, state["params"])
   batches = list(task.batches.eval())
   assert batches[-1]["example_weight"].min() == 0  # the last batch is padded
   real = np.concatenate([b["example_weight"] for b in batches]) > 0
@@ -332,7 +335,7 @@ def test_predictions_cover_every_real_example_in_order():
   assert metrics["first_token_mean"] == pytest.approx(expected.mean())
   assert "mlm_accuracy" in metrics
   np.testing.assert_array_equal(
-      train.run_eval_step(setup, state["params"], task.batches.eval())[1]["first_token"],
+      steps.run_eval_step(setup, state["params"], task.batches.eval())[1]["first_token"],
       expected)
 
 
@@ -357,3 +360,28 @@ def test_logged_flops_are_the_benchmarks(tmp_path):
   assert flops.peak_flops("TPU v5 lite", "bfloat16") == 197e12
   assert flops.peak_flops("TPU v5p", "bfloat16") == 459e12
   assert flops.peak_flops("cpu", "float32") is None
+
+
+def test_an_error_while_the_bar_draws_starts_on_its_own_line(tmp_path, capsys):
+  """A UserError raised by the data at step 4 (e.g. a damaged record) leaves the progress bar
+  closed, its line ended, so that bertjax's error line (`bertjax.main.fail`) starts a line."""
+  config = _config(num_train_steps=50, log_every_steps=1, eval_every_steps=50,
+                   checkpoint_every_steps=50)
+  base = _task(config, dropout=0.0)
+
+  def damaged_after_three(position):
+    for served, item in enumerate(base.batches.train(position)):
+      if served == 3:  # batches 0, 1 and 2: steps 1, 2 and 3
+        raise UserError("a pair record of shard 0 is damaged")
+      yield item
+
+  task = dataclasses.replace(base, batches=dataclasses.replace(base.batches,
+                                                               train=damaged_after_three))
+  try:
+    train.train_and_evaluate(config, str(tmp_path), task)
+  except UserError as e:  # as bertjax.main prints it: the error's traceback, and the bar, alive
+    assert "damaged" in str(e)
+    err = capsys.readouterr().err
+  assert "train:" in err  # the bar was drawn
+  assert err.endswith("\n"), repr(err[-200:])
+  assert "3/50" in err.splitlines()[-1]  # and closed after step 3

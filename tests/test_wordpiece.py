@@ -266,7 +266,7 @@ def test_pretraining_accepts_it(tok):
 
 def test_pretraining_runs_on_a_wordpiece_vocabulary(vocab_file, tmp_path):
   """data.vocab_model=vocab.txt: examples hold WordPiece ids with its specials; a step runs."""
-  from bertjax.training import parallel, train  # pylint: disable=import-outside-toplevel
+  from bertjax.training import parallel, steps  # pylint: disable=import-outside-toplevel
   from bertjax.tasks import pretraining  # pylint: disable=import-outside-toplevel
   from bertjax.configs import tiny  # pylint: disable=import-outside-toplevel
   config = tiny.get_config()
@@ -281,6 +281,6 @@ def test_pretraining_runs_on_a_wordpiece_vocabulary(vocab_file, tmp_path):
   batch = next(task.batches.train(None))[0]
   assert (batch["input_ids"][:, 0] == wordpiece.cls_id).all() and wordpiece.cls_id == 101
   assert batch["input_ids"].max() < wordpiece.vocab_size
-  setup = train.build(config, task, batch)
+  setup = steps.build(config, task, batch)
   _, metrics = setup.train_step(setup.init_state(), parallel.global_batch(batch, setup.mesh))
   assert np.isfinite(float(metrics.compute()["loss"]))

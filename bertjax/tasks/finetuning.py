@@ -16,7 +16,7 @@ bert_config.json with this run's dropout and dtype, and its tokenizer), reads th
 the spec, batches the features (shuffled for training, in order and padded for evaluation; each
 batch cut to a length bucket where the spec allows it, below), measures the run in epochs
 (train.num_train_epochs; num_train_steps and warmup_steps are derived only when left at -1),
-reports the eval loss next to the spec's scores, and hands the trainer one `train.Task`. The
+reports the eval loss next to the spec's scores, and hands the trainer one `task.Task`. The
 fine-tuned workdir gets bert_config.json and the tokenizer, so it is a model directory in turn.
 With `model.bilstm_on_top` the spec's model gets the paper's BiLSTM between encoder and head
 (`model_of`; every heads.BertFor* fine-tuning model takes it; not with packing).
@@ -52,7 +52,8 @@ import numpy as np
 from etils import epath
 
 from bertjax import model_files, tokenization
-from bertjax.training import compile_ahead, model_options, parallel, train
+from bertjax.training import compile_ahead, model_options, parallel, steps, train
+from bertjax.training import task as task_lib
 from bertjax.data.pipeline import FeatureBatches
 from bertjax.errors import UserError
 from bertjax.models.config import BertConfig
@@ -96,7 +97,7 @@ class Spec:
     name: the task in words, for messages (e.g. "GLUE fine-tuning").
     read: (config, tokenizer, workdir) -> Data; raises UserError on bad files or fields.
     model: (bert_config, data) -> a heads.BertFor* model.
-    terms: (model outputs, batch) -> train.Terms, traced in jit: "loss" is the objective; e.g.
+    terms: (model outputs, batch) -> task.Terms, traced in jit: "loss" is the objective; e.g.
       {"loss": (cross-entropy [batch], batch["example_weight"]), "accuracy": (hits, weights)}.
       A batch without labels (predict sets, SQuAD's eval windows) may give {}.
     predict: (model outputs, batch) -> {name: [batch, ...]} per-example predictions.
@@ -121,7 +122,7 @@ class Spec:
   name: str
   read: Callable[[ml_collections.ConfigDict, tokenization.Tokenizer, str], Data]
   model: Callable[[BertConfig, Data], nn.Module]
-  terms: Callable[[Any, Mapping[str, Any]], train.Terms]
+  terms: Callable[[Any, Mapping[str, Any]], task_lib.Terms]
   predict: Callable[[Any, Mapping[str, Any]], dict[str, Any]]
   score: Callable[[Data, dict[str, np.ndarray]], dict[str, float]]
   write: Callable[[Data, str, dict[str, np.ndarray], epath.Path], None]
@@ -138,7 +139,7 @@ class Pretrained:
     model_dir: the directory of init_checkpoint's bert_config.json and tokenizer.
     bert_config: its BertConfig with this run's dropout and compute dtype.
     tokenizer: its tokenizer.
-    files: bert_config.json and the tokenizer files, for the run's workdir (`train.Task.files`),
+    files: bert_config.json and the tokenizer files, for the run's workdir (`task.Task.files`),
       so that a fine-tuned workdir is itself a model directory.
   """
   model_dir: str
@@ -332,7 +333,7 @@ def model_of(spec: Spec, config: ml_collections.ConfigDict, bert_config: BertCon
   return model.clone(bilstm_on_top=True)
 
 
-def make_task(spec: Spec, config: ml_collections.ConfigDict, workdir: str) -> train.Task:
+def make_task(spec: Spec, config: ml_collections.ConfigDict, workdir: str) -> task_lib.Task:
   """Reads the data through `spec` and builds the trainer's Task; sets the run's schedule in
   `config` (see set_schedule)."""
   pretrained = load_pretrained(config, spec.name)
@@ -372,15 +373,15 @@ def make_task(spec: Spec, config: ml_collections.ConfigDict, workdir: str) -> tr
 
   print(f"{data.summary} ({steps_per_epoch} steps per epoch, {config.train.num_train_steps} "
         "steps)")
-  return train.Task(
+  return task_lib.Task(
       model=model_of(spec, config, pretrained.bert_config, data), terms=spec.terms,
-      batches=train.Batches(train=train_batches.iterate, eval=eval_batches.eval_batches,
-                            predict=predict_sets, samples=samples),
+      batches=task_lib.Batches(train=train_batches.iterate, eval=eval_batches.eval_batches,
+                               predict=predict_sets, samples=samples),
       predict=predict if buckets or k else spec.predict, score=score, write=write,
       files={**pretrained.files, **data.files}, main_metric=spec.main_metric(config))
 
 
 def run(spec: Spec, config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   """Fine-tunes as `spec` and the config say; returns the last evaluation's metrics."""
-  train.make_checked_mesh(config)  # fail on batch sizes before reading anything
+  steps.make_checked_mesh(config)  # fail on batch sizes before reading anything
   return train.train_and_evaluate(config, workdir, make_task(spec, config, workdir))

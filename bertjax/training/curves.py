@@ -3,16 +3,18 @@
   python -m bertjax.training.curves WORKDIR     # redraws it from WORKDIR/metrics.jsonl
 
 The left panel is the loss: the training loss of every logged step as a line, the held-out loss
-of every evaluation as marked points. The right panel is the task's main metric (`Task.main_metric`,
-recorded in eval_results.json: held-out MLM accuracy for pretraining, the dev metric the paper
-reports for a fine-tuning task), each evaluation a marked point, with the same metric on the
-training batches as a line where the task logs it there too (accuracies).
+of every evaluation as marked points. The right panel is the task's main metric
+(`bertjax.training.task.Task.main_metric`, recorded in eval_results.json: held-out MLM accuracy
+for pretraining, the dev metric the paper reports for a fine-tuning task), each evaluation a
+marked point, with the same metric on the training batches as a line where the task logs it
+there too (accuracies).
 
-The trainer redraws the file after each evaluation and at the end of a run (host 0 only), so it
-always shows the run so far; a resumed run's metrics.jsonl holds each step once, so the curves
-continue where they stopped. The file is replaced whole (written beside it, then renamed), so a
-viewer never reads half of it. matplotlib is imported only when a figure is drawn, and through
-its Agg canvas alone: no display, and no pyplot state changed in the process that draws.
+The run's reports (`bertjax.training.reports`) redraw the file after each evaluation and at the
+end of a run (host 0 only), so it always shows the run so far; a resumed run's metrics.jsonl
+holds each step once, so the curves continue where they stopped. The file is replaced whole
+(written beside it, then renamed), so a viewer never reads half of it. matplotlib is imported
+only when a figure is drawn, and through its Agg canvas alone: no display, and no pyplot state
+changed in the process that draws.
 """
 from __future__ import annotations
 
@@ -26,10 +28,7 @@ from typing import Any, Sequence
 from etils import epath
 
 from bertjax.errors import UserError
-from bertjax.training.metric_logs import METRICS_FILE
-
-CURVES_FILE = "curves.png"
-EVAL_RESULTS_FILE = "eval_results.json"
+from bertjax.workdir import CONFIG_FILE, CURVES_FILE, EVAL_RESULTS_FILE, METRICS_FILE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +94,7 @@ def panels(records: Sequence[dict[str, Any]], main_metric: str
 
 def figure(records: Sequence[dict[str, Any]], main_metric: str, title: str = ""):
   """A matplotlib Figure of `panels` (two axes: the loss, the main metric), not yet saved."""
+  # Imported here: matplotlib is heavy and needed only to draw.
   from matplotlib.figure import Figure  # pylint: disable=import-outside-toplevel
 
   fig = Figure(figsize=(11, 4))
@@ -125,7 +125,7 @@ def figure(records: Sequence[dict[str, Any]], main_metric: str, title: str = "")
 def _title(workdir: epath.Path) -> str:
   """"TASK: WORKDIR's name", the task from WORKDIR/config.json (the name alone without it)."""
   try:
-    task = json.loads((workdir / "config.json").read_text()).get("task", "")
+    task = json.loads((workdir / CONFIG_FILE).read_text()).get("task", "")
   except (OSError, ValueError, AttributeError):
     task = ""
   return f"{task}: {workdir.name}" if task else workdir.name

@@ -1,15 +1,21 @@
-"""What a run reports: WORKDIR/metrics.jsonl and TensorBoard, from clu metrics.
+"""What a run reports, from one writer: metrics.jsonl, TensorBoard, eval_results.json, curves.
 
-Every logged training step and every evaluation is one line of metrics.jsonl, {"step": N,
-"split": "train" or "eval", name: value, ...}, and one scalar per name under
-WORKDIR/tensorboard as "train/NAME" or "eval/NAME". Only host 0 writes.
+The loop (`bertjax.training.train`) hands `Reports` each finished step (its clu metrics and its
+batch) and each evaluation's metrics; `Reports` alone writes the run's reports in WORKDIR (names
+in `bertjax.workdir`), from host 0 only:
+  metrics.jsonl      every logged training step and every evaluation, one line each, {"step": N,
+                     "split": "train" or "eval", name: value, ...};
+  tensorboard/       the same, one scalar per name as "train/NAME" or "eval/NAME";
+  eval_results.json  the last evaluation, {"step": N, name: value, ..., "main_metric": NAME};
+  curves.png         drawn after each evaluation and at the end of a run
+                     (`bertjax.training.curves`).
 
 Training lines hold the task's metrics averaged over the steps since the last line (clu
 `Average`s merged step by step, so a mean over masked positions stays exact), the learning rate
 of the last step, and the throughput of the interval: examples_per_second, tokens_per_second
-(padding included), model_flops_per_step (`bertjax.training.flops.model_flops` of the global batch),
-model_tflops_per_device (those per second per device) and, where the device's peak is known
-(`flops.peak_flops`; not on CPU), mfu.
+(padding included), model_flops_per_step (`bertjax.training.flops.model_flops` of the global
+batch), model_tflops_per_device (those per second per device) and, where the device's peak is
+known (`flops.peak_flops`; not on CPU), mfu.
 
 TensorBoard events go through tensorboardX: clu's metric_writers package imports TensorFlow,
 which bertjax does not install.
@@ -21,19 +27,47 @@ to purge events past that step (tensorboardX's purge_step).
 """
 from __future__ import annotations
 
+import importlib
 import json
 import os
+import threading
 import time
 from typing import Any, Mapping, Sequence
 
 import jax
+import numpy as np
 import tqdm
 from etils import epath
 
-from bertjax.training import flops
+from bertjax.models.config import BertConfig
+from bertjax.training import curves, flops
+from bertjax.workdir import EVAL_RESULTS_FILE, METRICS_FILE, TENSORBOARD_DIR
 
-METRICS_FILE = "metrics.jsonl"
-TENSORBOARD_DIR = "tensorboard"
+Batch = Mapping[str, np.ndarray]
+
+
+def import_in_background() -> None:
+  """Starts importing tensorboardX in a thread: it takes a second, which the run's start-up
+  (restoring, compiling) then hides; `Reports` finds it done."""
+  threading.Thread(target=importlib.import_module, args=("tensorboardX",), daemon=True).start()
+
+
+def examples_in(batch: Batch) -> int:
+  """The real examples of a host's batch: its rows, or with packing ([batch, k] example
+  weights) the sequences packed into them."""
+  weights = batch.get("example_weight")
+  if weights is None or np.ndim(weights) < 2:
+    return len(batch["input_ids"])
+  return int(np.count_nonzero(weights))
+
+
+def step_flops(bert_config: BertConfig, batch: Batch) -> int:
+  """`flops.model_flops` of one step on this per-host batch, over all hosts: the sequences are
+  input_ids' rows ([batch, seq] or, for multiple choice, [batch, choices, seq])."""
+  input_ids = batch["input_ids"]
+  predictions = batch["masked_lm_positions"].shape[-1] if "masked_lm_positions" in batch else 0
+  return flops.model_flops(bert_config, batch_size=input_ids[..., 0].size * jax.process_count(),
+                           seq_len=input_ids.shape[-1], max_predictions=predictions)
 
 
 def keep_steps_up_to(path: epath.Path, step: int) -> None:
@@ -59,23 +93,30 @@ def keep_steps_up_to(path: epath.Path, step: int) -> None:
   temporary.replace(path)
 
 
-class MetricLog:
-  """The metrics of one run: training steps added as they finish, written every log step;
-  evaluations written as they come.
+class Reports:
+  """The reports of one run: training steps added as they finish, written every log step;
+  evaluations written as they come; the curves drawn after each evaluation and at the end.
 
   Args:
-    workdir: where metrics.jsonl and tensorboard/ go (host 0 only).
+    workdir: where the reports go (host 0 only).
+    bert_config: the model's config, for its FLOPs per step.
     dtype: the compute dtype, for the device's peak FLOP/s.
     devices: the devices the step runs on (all hosts).
+    main_metric: the task's main metric (`Task.main_metric`), recorded in eval_results.json and
+      plotted in curves.png; "" for none.
     start_step: the step the run starts from (a resumed run's restored step); what an earlier
       run logged after it is dropped.
   """
 
-  def __init__(self, workdir: epath.Path, *, dtype: str, devices: Sequence[jax.Device],
-               start_step: int = 0):
+  def __init__(self, workdir: epath.Path, *, bert_config: BertConfig, dtype: str,
+               devices: Sequence[jax.Device], main_metric: str = "", start_step: int = 0):
+    self._workdir = workdir
+    self._bert_config = bert_config
+    self._main_metric = main_metric
     self._num_devices = len(devices)
     self._peak = flops.peak_flops(devices[0].device_kind, dtype)
     self._writing = jax.process_index() == 0
+    self._drawn_step = start_step  # the last step curves.png shows
     if self._writing:
       from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
       keep_steps_up_to(workdir / METRICS_FILE, start_step)
@@ -83,6 +124,7 @@ class MetricLog:
       purge = start_step + 1 if (workdir / TENSORBOARD_DIR).exists() else None
       self._file = (workdir / METRICS_FILE).open("a")
       self._tensorboard = SummaryWriter(str(workdir / TENSORBOARD_DIR), purge_step=purge)
+    self._closed = False
     self._pending: list[Any] = []
     self._examples = self._tokens = self._flops = 0
     self.restart_clock()
@@ -91,13 +133,14 @@ class MetricLog:
     """Starts the throughput interval afresh (after an evaluation, which is not training)."""
     self._interval_start = time.perf_counter()
 
-  def add(self, metrics: Any, *, examples: int, tokens: int, flops: int) -> None:
+  def add(self, metrics: Any, batch: Batch) -> None:
     """One finished step: its metrics (a clu Collection, still on the device, so the step is
-    not waited for), the examples and tokens of its global batch and its model FLOPs."""
+    not waited for) and its per-host batch, whose examples, tokens and model FLOPs over all
+    hosts count towards the throughput."""
     self._pending.append(metrics)
-    self._examples += examples
-    self._tokens += tokens
-    self._flops += flops
+    self._examples += examples_in(batch) * jax.process_count()
+    self._tokens += batch["input_ids"].size * jax.process_count()
+    self._flops += step_flops(self._bert_config, batch)
 
   def write_train(self, step: int) -> dict[str, str]:
     """Writes the steps added since the last call as one line; returns the progress bar's
@@ -125,9 +168,28 @@ class MetricLog:
     return bar
 
   def write_eval(self, step: int, metrics: Mapping[str, float]) -> None:
-    """Writes an evaluation's metrics and prints them above the progress bar."""
+    """Writes an evaluation's metrics, prints them above the progress bar, records them in
+    eval_results.json (with the main metric's name) and redraws curves.png."""
     self._write("eval", step, metrics)
     tqdm.tqdm.write(f"step {step} eval: " + ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
+    if self._writing:
+      main = {"main_metric": self._main_metric} if self._main_metric else {}
+      (self._workdir / EVAL_RESULTS_FILE).write_text(
+          json.dumps({"step": step, **metrics, **main}, indent=2) + "\n")
+    self._draw(step)
+
+  def finish(self, step: int) -> None:
+    """The end of a run that reached `step`: curves.png redrawn if it lacks the training steps
+    since the last evaluation; then `close`."""
+    if step > self._drawn_step:
+      self._draw(step)
+    self.close()
+
+  def _draw(self, step: int) -> None:
+    """Redraws WORKDIR/curves.png, which then shows the run up to `step`."""
+    if self._writing:
+      curves.draw(self._workdir, self._main_metric)
+    self._drawn_step = step
 
   def _write(self, split: str, step: int, scalars: Mapping[str, float]) -> None:
     """One line of metrics.jsonl and one TensorBoard scalar "SPLIT/NAME" per metric."""
@@ -141,6 +203,8 @@ class MetricLog:
     self._tensorboard.flush()
 
   def close(self) -> None:
-    if self._writing:
+    """Closes metrics.jsonl and the TensorBoard writer (again: nothing)."""
+    if self._writing and not self._closed:
       self._file.close()
       self._tensorboard.close()
+    self._closed = True

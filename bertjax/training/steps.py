@@ -1,0 +1,261 @@
+"""The step machinery: one jitted train step and one eval step over a mesh, and evaluation.
+
+`build` makes a run's `Setup`: the mesh (checked against the batch sizes), the train state's
+shardings and the jitted functions. The train step is pure, `train_step(state, batch) -> (state,
+metrics)`, with donated state and the dropout key folded from the step; the eval step is one
+forward pass without dropout for a task's metric terms and predictions (`bertjax.training.task`).
+`evaluate` runs it over the held-out batches; `compiled_ahead` compiles the steps for the shapes
+a run will meet, side by side (`bertjax.training.compile_ahead`).
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import functools
+from typing import Any, Callable, Iterable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from clu import metrics as clu_metrics
+
+from bertjax.errors import UserError
+from bertjax.models import heads
+from bertjax.training import compile_ahead, optim, parallel
+from bertjax.training import task as task_lib
+
+Params = Any
+# The train state: a plain dict so that checkpoints are readable without this code.
+#   step [] int32, params (tree), opt_state (optax tree), rng [2] uint32 (dropout base key).
+TrainState = dict[str, Any]
+
+
+def make_optimizer(train_config: ml_collections.ConfigDict):
+  """optax AdamW (or LAMB) with BERT's schedule from the `train` section of the config;
+  train.frozen_params (where the config has it) names parameter groups left unchanged."""
+  return optim.make_optimizer(
+      learning_rate=train_config.learning_rate, num_train_steps=train_config.num_train_steps,
+      warmup_steps=train_config.warmup_steps, b1=train_config.b1, b2=train_config.b2,
+      eps=train_config.eps, weight_decay=train_config.weight_decay,
+      clip_norm=train_config.clip_norm, optimizer=train_config.get("optimizer", "adamw"),
+      frozen=optim.parse_frozen(train_config.get("frozen_params", "")))
+
+
+def make_train_step(task: task_lib.Task, tx: optax.GradientTransformation,
+                    schedule: optax.Schedule, grad_accum_steps: int = 1):
+  """Returns the pure `train_step(state, batch) -> (state, clu Collection of metrics)`.
+
+  The dropout key of a step is folded from the state's rng and the step number, so a resumed run
+  draws the same dropout masks as an uninterrupted one. With `grad_accum_steps` k > 1 the batch
+  [B, ...] is split into k micro-batches [B/k, ...] (every k-th row, so each device keeps its
+  own rows) whose gradients are summed before one update. Every loss term is divided by its
+  weight over the whole batch B, so k micro-batches give exactly the gradient and metrics of
+  one batch of B.
+  """
+
+  def outputs_of(params, batch, rng):
+    return heads.apply_to_batch(task.model, params, batch, deterministic=False,
+                                rngs={"dropout": rng})
+
+  def total_weights(params, batch):
+    """{loss term: its weight over `batch`}; the weights need no forward pass, so XLA drops
+    the loss arithmetic run here on zero outputs."""
+    shapes = jax.eval_shape(outputs_of, params, batch, jax.random.PRNGKey(0))
+    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+    return {name: jnp.maximum(jnp.sum(weights), 1e-5)
+            for name, (_, weights) in task.terms(zeros, batch).items() if task_lib.is_loss(name)}
+
+  def objective(params, batch, rng, totals):
+    terms = task.terms(outputs_of(params, batch, rng), batch)
+    loss = sum(jnp.sum(terms[name][0] * terms[name][1]) / total
+               for name, total in totals.items())
+    return loss, task_lib.averages(terms)
+
+  def train_step(state: TrainState, batch: task_lib.Batch) -> tuple[TrainState, Any]:
+    rng = jax.random.fold_in(state["rng"], state["step"])
+    totals = total_weights(state["params"], batch)
+    gradient = jax.value_and_grad(objective, has_aux=True)
+    if grad_accum_steps == 1:
+      (loss, averages), grads = gradient(state["params"], batch, rng, totals)
+    else:
+      # [B, ...] -> [B/k, k, ...] -> [k, B/k, ...]
+      micro = jax.tree.map(
+          lambda x: x.reshape(x.shape[0] // grad_accum_steps, grad_accum_steps,
+                              *x.shape[1:]).swapaxes(0, 1), batch)
+
+      def accumulate(carry, inputs):
+        index, micro_batch = inputs
+        out = gradient(state["params"], micro_batch, jax.random.fold_in(rng, index), totals)
+        return jax.tree.map(jnp.add, carry, out), None
+
+      zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(
+          gradient, state["params"], jax.tree.map(lambda x: x[0], micro), rng, totals))
+      ((loss, averages), grads), _ = jax.lax.scan(
+          accumulate, zeros, (jnp.arange(grad_accum_steps), micro))
+
+    updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+    params = optax.apply_updates(state["params"], updates)
+    scalars = {"grad_norm": optax.global_norm(grads), "param_norm": optax.global_norm(params)}
+    if "loss" not in averages:
+      scalars["loss"] = loss
+    metrics = clu_metrics.Collection.create_collection(
+        **averages, **{k: clu_metrics.Average.from_model_output(v) for k, v in scalars.items()},
+        learning_rate=clu_metrics.LastValue.from_model_output(schedule(state["step"])))
+    new_state = dict(state, step=state["step"] + 1, params=params, opt_state=opt_state)
+    return new_state, metrics
+
+  return train_step
+
+
+def make_eval_step(task: task_lib.Task, *, with_terms: bool = True):
+  """Returns the pure `eval_step(params, batch) -> (clu Collection of the terms, predictions)`:
+  one forward pass without dropout; predictions ({} without `task.predict`) carry the batch's
+  example_weight, so padding rows can be dropped. Without terms (for sets without labels) the
+  Collection is empty."""
+
+  def eval_step(params, batch):
+    outputs = heads.apply_to_batch(task.model, params, batch, deterministic=True)
+    weight = batch["example_weight"]
+    # Padded rows or packed slots (example_weight [batch] or [batch, k], 0) count for no term.
+    terms = {name: (values, weights * weight.reshape(weight.shape
+                                                     + (1,) * (weights.ndim - weight.ndim)))
+             for name, (values, weights) in task.terms(outputs, batch).items()
+             } if with_terms else {}
+    predictions = {}
+    if task.predict is not None:
+      predictions = dict(task.predict(outputs, batch), example_weight=weight)
+    return clu_metrics.Collection.create_collection(**task_lib.averages(terms)), predictions
+
+  return eval_step
+
+
+@dataclasses.dataclass
+class Setup:
+  """The mesh, the jitted functions and the shardings of one run (see `build`)."""
+  mesh: jax.sharding.Mesh
+  abstract_state: TrainState  # ShapeDtypeStructs with .sharding
+  init_state: Callable[[], TrainState]
+  train_step: Callable[[TrainState, Any], tuple[TrainState, Any]]
+  eval_step: Callable[[Params, Any], tuple[Any, dict]]
+  predict_step: Callable[[Params, Any], tuple[Any, dict]]  # eval_step without the terms
+
+
+def make_checked_mesh(config: ml_collections.ConfigDict,
+                      devices: list[jax.Device] | None = None) -> jax.sharding.Mesh:
+  """The config's mesh, after checking that its batch sizes split over it (UserError if not)."""
+  mesh = parallel.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor, devices)
+  parallel.check_batch_size(config.train.batch_size, mesh, "train.batch_size")
+  parallel.check_batch_size(config.train.eval_batch_size, mesh, "train.eval_batch_size")
+  if config.train.grad_accum_steps < 1 or (
+      config.train.batch_size % (config.train.grad_accum_steps * parallel.num_batch_shards(mesh))):
+    raise UserError(
+        f"train.batch_size={config.train.batch_size} must split into "
+        f"train.grad_accum_steps={config.train.grad_accum_steps} micro-batches that each divide "
+        f"over {parallel.num_batch_shards(mesh)} devices; change either.")
+  tr, hosts = config.train, jax.process_count()
+  if tr.batch_size % hosts or tr.eval_batch_size % hosts:
+    raise UserError(f"train.batch_size={tr.batch_size} and train.eval_batch_size="
+                    f"{tr.eval_batch_size} must divide over {hosts} hosts.")
+  return mesh
+
+
+def build(config: ml_collections.ConfigDict, task: task_lib.Task, init_batch: task_lib.Batch,
+          devices: list[jax.Device] | None = None) -> Setup:
+  """Builds the mesh, the state's shardings and the jitted init / train / eval functions;
+  `init_batch` (a per-host batch) gives the shapes the parameters are initialised with."""
+  mesh = make_checked_mesh(config, devices)
+  tx, schedule = make_optimizer(config.train)
+  rng = jax.random.PRNGKey(config.seed)
+  init_rng, dropout_rng = jax.random.split(rng)
+
+  init_params = functools.partial(heads.init_from_batch, task.model)
+  boxed = jax.eval_shape(init_params, init_rng, init_batch)
+  params_sharding = parallel.param_shardings(boxed, mesh)
+  abstract_params = nn.unbox(boxed)
+  state_sharding = dict(
+      step=parallel.replicated(mesh), params=params_sharding,
+      opt_state=parallel.optimizer_state_shardings(tx, abstract_params, params_sharding, mesh),
+      rng=parallel.replicated(mesh))
+
+  def init_state() -> TrainState:
+    params = nn.unbox(init_params(init_rng, init_batch))
+    return dict(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                rng=dropout_rng)
+
+  abstract_state = jax.tree.map(
+      lambda shape, sharding: jax.ShapeDtypeStruct(shape.shape, shape.dtype, sharding=sharding),
+      jax.eval_shape(init_state), state_sharding)
+  batch_sharding = parallel.batch_sharding(mesh)
+  train_step = jax.jit(
+      make_train_step(task, tx, schedule, config.train.grad_accum_steps),
+      in_shardings=(state_sharding, batch_sharding),
+      out_shardings=(state_sharding, parallel.replicated(mesh)), donate_argnums=0)
+  # Replicated outputs: every host gets the metrics and predictions of the whole global batch.
+  eval_step, predict_step = (
+      jax.jit(make_eval_step(task, with_terms=with_terms),
+              in_shardings=(params_sharding, batch_sharding),
+              out_shardings=parallel.replicated(mesh)) for with_terms in (True, False))
+  return Setup(mesh=mesh, abstract_state=abstract_state,
+               init_state=jax.jit(init_state, out_shardings=state_sharding),
+               train_step=train_step, eval_step=eval_step, predict_step=predict_step)
+
+
+def _real_rows(outputs: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+  """Concatenates per-batch predictions and drops the padding rows (example_weight 0)."""
+  if not outputs or not outputs[0]:
+    return {}
+  joined = {k: np.concatenate([o[k] for o in outputs]) for k in outputs[0]}
+  real = joined.pop("example_weight") > 0
+  return {k: v[real] for k, v in joined.items()}
+
+
+def run_eval_step(setup: Setup, params: Params, batches: Iterable[task_lib.Batch],
+                  max_batches: int = -1, *, with_terms: bool = True
+                  ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+  """One pass of the eval step (or, without terms, the predict step): (metric totals {name:
+  clu Average}, predictions of the real examples {name: [N, ...]} in the order of `batches`, {}
+  without task.predict)."""
+  step = setup.eval_step if with_terms else setup.predict_step
+  totals, outputs = None, []
+  for i, batch in enumerate(batches):
+    if 0 <= max_batches <= i:
+      break
+    collection, predictions = jax.device_get(
+        step(params, parallel.global_batch(batch, setup.mesh)))
+    totals = collection if totals is None else totals.merge(collection)
+    outputs.append(predictions)
+  metrics = {} if totals is None else {
+      name: metric for name, metric in vars(totals).items() if not name.startswith("_")}
+  return metrics, _real_rows(outputs)
+
+
+def evaluate(setup: Setup, task: task_lib.Task, params: Params, max_batches: int = -1
+             ) -> tuple[dict[str, float], dict[str, np.ndarray] | None]:
+  """One pass over the held-out batches: (the task's metrics, its predictions or None)."""
+  totals, predictions = run_eval_step(setup, params, task.batches.eval(), max_batches)
+  predictions = predictions if task.predict is not None else None
+  metrics = task.score(totals, predictions) if task.score else task_lib.means(totals)
+  return metrics, predictions
+
+
+def compiled_ahead(setup: Setup, task: task_lib.Task, first_batch: task_lib.Batch, *,
+                   init: bool, executor: concurrent.futures.Executor) -> Setup:
+  """`setup` whose init (when `init`), train step and eval step are compiled in `executor`,
+  side by side, for `first_batch`'s shape and those of `task.batches.samples`
+  (`bertjax.training.compile_ahead`); first what the run needs first."""
+  if init:
+    compiled_init = executor.submit(lambda: setup.init_state.lower().compile())
+    setup = dataclasses.replace(setup, init_state=lambda: compiled_init.result()())
+  train_step = compile_ahead.PerShape(setup.train_step, setup.abstract_state, setup.mesh,
+                                      executor)
+  train_step.prepare([first_batch])
+  eval_step = compile_ahead.PerShape(setup.eval_step, setup.abstract_state["params"],
+                                     setup.mesh, executor)
+  if task.batches.samples is not None:
+    train_samples, eval_samples = task.batches.samples()
+    train_step.prepare(train_samples)
+    eval_step.prepare(eval_samples if task.batches.eval is not None else [])
+  return dataclasses.replace(setup, train_step=train_step, eval_step=eval_step)

@@ -1,0 +1,97 @@
+"""The contract a task gives the trainer: its model, the terms of its loss and metrics, its data.
+
+The trainer knows nothing of MLM or SQuAD. A `Task` gives it a model (a `heads.BertFor*` module
+called on the batch dict), the weighted terms its loss and metrics are made of, its batches
+(`Batches`) and, optionally, per-example predictions, their scoring and their files. The
+arithmetic of the terms is here too: which terms are the training objective (`is_loss`), their
+sums and weights as clu metrics (`averages`) and the reported means (`means`). The trainer
+(`bertjax.training.steps`, `bertjax.training.train`) owns the rest.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Iterable, Iterator, Mapping
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from clu import metrics as clu_metrics
+from etils import epath
+
+Batch = Mapping[str, np.ndarray]
+# name -> (values, weights) of the same shape: a metric is sum(values * weights) / sum(weights).
+Terms = dict[str, tuple[jax.Array, jax.Array]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Batches:
+  """A task's data, as per-host numpy batches (`bertjax.data.pipeline`).
+
+  Attributes:
+    train: data position (None = the start) -> endless (batch, position after it).
+    eval: () -> the held-out batches, once through, the last padded (example_weight 0); None:
+      no evaluation.
+    predict: {set name: () -> batches}, predicted once after the last step (e.g. a test split).
+    samples: () -> (training, evaluation) batches, one of each shape the run's steps will meet
+      (e.g. each length bucket of a fine-tuning run), compiled side by side before the first
+      step (`bertjax.training.compile_ahead`); None: the first training batch's shape only.
+  """
+  train: Callable[[dict | None], Iterator[tuple[Batch, dict]]]
+  eval: Callable[[], Iterable[Batch]] | None = None
+  predict: Mapping[str, Callable[[], Iterable[Batch]]] = dataclasses.field(default_factory=dict)
+  samples: Callable[[], tuple[list[Batch], list[Batch]]] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  """What a task hands the trainer.
+
+  Attributes:
+    model: a `heads.BertFor*` module (called by `heads.apply_to_batch`).
+    terms: (model outputs, batch) -> Terms, traced inside jit. Each term is averaged over its
+      weights; the terms named "loss" or "*_loss" are the training objective (their weighted
+      means, summed). Weights must depend on the batch alone (masks, example_weight), never on
+      the outputs: gradient accumulation divides every micro-batch by the whole batch's weight.
+      A batch without labels (e.g. SQuAD's eval windows) may give no terms.
+    batches: the data.
+    predict: (outputs, batch) -> {name: [batch, ...]} per-example predictions, or None.
+    score: (metric totals {name: clu Average} over the eval set, predictions {name: [N, ...]}
+      numpy or None) -> the reported metrics; None reports `means(totals)`.
+    write: (set name, predictions, workdir) -> None, the task's official files; called after
+      the last step for "eval" (the last evaluation's predictions) and each predict set.
+    files: workdir files that describe the model, {name: text or bytes} (bert_config.json,
+      the tokenizer, labels.json), written next to config.json.
+    main_metric: the reported metric that says how good the model is (higher is better; e.g.
+      "mlm_accuracy", GLUE's "f1" for MRPC), recorded in eval_results.json as "main_metric" and
+      plotted in WORKDIR/curves.png (`bertjax.training.reports`); "" for none.
+  """
+  model: nn.Module
+  terms: Callable[[Any, Batch], Terms]
+  batches: Batches
+  predict: Callable[[Any, Batch], dict[str, jax.Array]] | None = None
+  score: Callable[[dict[str, Any], dict[str, np.ndarray] | None], dict[str, float]] | None = None
+  write: Callable[[str, dict[str, np.ndarray], epath.Path], None] | None = None
+  files: Mapping[str, str | bytes] = dataclasses.field(default_factory=dict)
+  main_metric: str = ""
+
+
+def is_loss(name: str) -> bool:
+  """Whether a term belongs to the training objective ("loss", "mlm_loss", ...)."""
+  return name == "loss" or name.endswith("_loss")
+
+
+def averages(terms: Terms) -> dict[str, clu_metrics.Average]:
+  """Terms -> {name: clu Average of the weighted sum and the weight}, float32 scalars."""
+  return {name: clu_metrics.Average(total=jnp.sum(values * weights).astype(jnp.float32),
+                                    count=jnp.sum(weights).astype(jnp.float32))
+          for name, (values, weights) in terms.items()}
+
+
+def means(totals: Mapping[str, Any]) -> dict[str, float]:
+  """{name: weighted mean} of metric totals, with "loss" the sum of the loss terms' means when
+  there are several (pretraining: mlm_loss + nsp_loss)."""
+  out = {name: float(metric.compute()) for name, metric in totals.items()}
+  if "loss" not in out and any(is_loss(k) for k in out):
+    out = {"loss": sum(v for k, v in out.items() if is_loss(k)), **out}
+  return out
