@@ -22,8 +22,9 @@ def get_config(arg=None):
   config.init_checkpoint = ""  # bertjax checkpoint to take parameters from ("" = from scratch)
 
   # The pretraining tasks (the paper's ablations, section 5.1 and Table 5; README "Pretraining
-  # ablations"). Both ablations train on contiguous single-segment spans [CLS] span [SEP]
-  # (prepared with --contiguous=true; on first use automatically) and are not packed.
+  # ablations"). Both ablations train on contiguous spans [CLS] A [SEP] B [SEP], cut into two
+  # segments at a sentence boundary so that both segment embeddings train (prepared with
+  # --contiguous=true; on first use automatically), and are not packed.
   config.pretraining = ml_collections.ConfigDict()
   config.pretraining.objective = "mlm"  # mlm: the masked LM (BERT); ltr: a left-to-right LM
   # (causal attention, each token predicted from those before it, no [MASK], never NSP: the
