@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from bertjax.tools import finetune_bench
+from bertjax.tools import finetune_bench, finetune_bench_torch
 from bertjax.configs import glue as glue_config
 from bertjax.convert import hf
 from bertjax.data.finetuning import glue as glue_data
@@ -43,8 +43,8 @@ def test_both_peers_start_from_the_same_weights_and_token_ids(prepared):
 
 
 def test_the_transformers_peer_fine_tunes_and_scores(prepared):
-  result = finetune_bench.transformers_peer(prepared.hf_dir, prepared.token_ids, batch_size=16,
-                                            eval_batch_size=16, seed=0)
+  result = finetune_bench_torch.transformers_peer(prepared.hf_dir, prepared.token_ids,
+                                                  batch_size=16, eval_batch_size=16, seed=0)
   assert set(result) == {"accuracy", "load_seconds", "train_seconds", "eval_seconds"}
   assert 0 <= result["accuracy"] <= 1 and result["train_seconds"] > 0
   assert result["accuracy"] * 24 == round(result["accuracy"] * 24)  # hits / 24 dev sentences

@@ -5,10 +5,10 @@
       [--vocab_size=8000] [--packing=4] [--length_buckets=auto] [--peers=bertjax,transformers]
       [--workdir=DIR] [--json=OUT.json]
 
-The task is the bundled movie-review sentences (`bertjax.data.finetuning.movie_reviews`, binarised by the
-sign of their human rating; `--num_train` / `--num_dev` of its fixed split), one epoch at batch
-`--batch_size`, then the dev accuracy. Both peers start from the same weights and see the same
-token ids:
+The task is the bundled movie-review sentences (`bertjax.data.finetuning.movie_reviews`,
+binarised by the sign of their human rating; `--num_train` / `--num_dev` of its fixed split),
+one epoch at batch `--batch_size`, then the dev accuracy. Both peers start from the same weights
+and see the same token ids:
 
 - setup (untimed): the SST-2 files, a sentencepiece vocabulary of `--vocab_size` trained on the
   training sentences, a randomly initialised BERT (`bert_config(size, num_layers=...)`; speed
@@ -19,7 +19,8 @@ token ids:
   subprocess: the real command, with its start-up, data reading, compilation, checkpoint and
   evaluation; `--packing` and `--length_buckets` are its `data.packing` (sentences a row) and
   `data.length_buckets`.
-- transformers: `BertForSequenceClassification` (PyTorch) in a subprocess: AdamW with bertjax's
+- transformers: `BertForSequenceClassification` (PyTorch) in a subprocess
+  (`bertjax.tools.finetune_bench_torch`): AdamW with bertjax's
   settings (lr 2e-5, eps 1e-6, weight decay 0.01 off biases and LayerNorm, linear warmup over 10%
   of the steps then linear decay, clipping at norm 1.0, dropout 0.1), each batch padded to its
   longest sentence (dynamic padding), then the dev set in batches of `--eval_batch_size`, each
@@ -45,17 +46,19 @@ import sys
 import tempfile
 import time
 
+import flax.linen as nn
+import jax
 import numpy as np
 
+from bertjax import model_files, tokenization
+from bertjax.convert import __main__ as convert
+from bertjax.data.finetuning import glue as glue_data
 from bertjax.data.finetuning import movie_reviews
+from bertjax.models import heads
+from bertjax.models.config import bert_config
+from bertjax.workdir import EVAL_RESULTS_FILE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-LEARNING_RATE = 2e-5  # configs/finetuning.py's recipe, which the transformers peer copies
-WARMUP_PROPORTION = 0.1
-WEIGHT_DECAY = 0.01
-ADAM_EPS = 1e-6
-CLIP_NORM = 1.0
-DROPOUT = 0.1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,16 +92,6 @@ def prepare(directory: str, *, num_train: int, num_dev: int, size: str, num_laye
       if json.load(f) == arguments:
         return prepared
     raise SystemExit(f"{directory} holds a setup of other arguments; give a new --workdir")
-  # pylint: disable=import-outside-toplevel
-  import flax.linen as nn
-  import jax
-
-  from bertjax import model_files, tokenization
-  from bertjax.convert import __main__ as convert
-  from bertjax.data.finetuning import glue as glue_data
-  from bertjax.models import heads
-  from bertjax.models.config import bert_config
-
   glue_dir = movie_reviews.write_sst2(prepared.glue_dir, num_dev=num_dev,
                                       num_train=num_train, seed=seed)
   train_examples = glue_data.read_examples("sst2", "train", glue_dir)
@@ -143,8 +136,8 @@ def bertjax_command(prepared: Prepared, workdir: str, *, batch_size: int, eval_b
 
 def transformers_command(prepared: Prepared, *, batch_size: int, eval_batch_size: int,
                          seed: int = 0) -> list[str]:
-  """The transformers peer's command: this module's `--peer=transformers` mode."""
-  return [sys.executable, "-m", "bertjax.tools.finetune_bench", "--peer=transformers",
+  """The transformers peer's command (`bertjax.tools.finetune_bench_torch`)."""
+  return [sys.executable, "-m", "bertjax.tools.finetune_bench_torch",
           f"--hf_dir={prepared.hf_dir}", f"--token_ids={prepared.token_ids}",
           f"--batch_size={batch_size}", f"--eval_batch_size={eval_batch_size}", f"--seed={seed}"]
 
@@ -167,62 +160,9 @@ def timed(command: list[str], env: dict[str, str] | None = None
   return {"seconds": seconds, "cpu_seconds": cpu}, done.stdout
 
 
-def transformers_peer(hf_dir: str, token_ids: str, *, batch_size: int, eval_batch_size: int,
-                      seed: int) -> dict[str, float]:
-  """Fine-tunes BertForSequenceClassification for one epoch, then scores the dev set (module
-  docstring); returns {accuracy, and the seconds of load, train and eval}."""
-  # pylint: disable=import-outside-toplevel
-  start = time.perf_counter()
-  import torch
-  import transformers
-
-  torch.manual_seed(seed)
-  device = "cuda" if torch.cuda.is_available() else "cpu"
-  data = dict(np.load(token_ids))
-  model = transformers.BertForSequenceClassification.from_pretrained(hf_dir, num_labels=2)
-  model.to(device).train()
-  decayed = [p for n, p in model.named_parameters() if not n.endswith("bias") and
-             "LayerNorm" not in n]
-  kept = [p for n, p in model.named_parameters() if n.endswith("bias") or "LayerNorm" in n]
-  optimizer = torch.optim.AdamW([{"params": decayed, "weight_decay": WEIGHT_DECAY},
-                                 {"params": kept, "weight_decay": 0.0}],
-                                lr=LEARNING_RATE, betas=(0.9, 0.999), eps=ADAM_EPS)
-  steps = len(data["train_label"]) // batch_size
-  schedule = transformers.get_linear_schedule_with_warmup(
-      optimizer, int(WARMUP_PROPORTION * steps), steps)
-
-  def tensors(split, rows):
-    """The rows' ids, mask and labels, cut to their longest sentence (dynamic padding)."""
-    length = int(data[f"{split}_input_mask"][rows].sum(1).max())
-    return [torch.from_numpy(data[f"{split}_{key}"][rows, :length]).long().to(device)
-            for key in ("input_ids", "input_mask")] + [
-                torch.from_numpy(data[f"{split}_label"][rows]).long().to(device)]
-
-  loaded = time.perf_counter()
-  order = np.random.default_rng(seed).permutation(len(data["train_label"]))
-  for step in range(steps):
-    ids, mask, labels = tensors("train", order[step * batch_size:(step + 1) * batch_size])
-    loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP_NORM)
-    optimizer.step()
-    schedule.step()
-    optimizer.zero_grad()
-  trained = time.perf_counter()
-  model.eval()
-  hits, n = 0, len(data["dev_label"])
-  with torch.inference_mode():
-    for first in range(0, n, eval_batch_size):
-      ids, mask, labels = tensors("dev", np.arange(first, min(first + eval_batch_size, n)))
-      hits += int((model(input_ids=ids, attention_mask=mask).logits.argmax(-1) == labels).sum())
-  done = time.perf_counter()
-  return {"accuracy": hits / n, "load_seconds": loaded - start,
-          "train_seconds": trained - loaded, "eval_seconds": done - trained}
-
-
 def bertjax_result(workdir: str) -> dict[str, float]:
   """The dev accuracy of a finished bertjax run, with its phases from metrics.jsonl."""
-  with open(os.path.join(workdir, "eval_results.json"), encoding="utf-8") as f:
+  with open(os.path.join(workdir, EVAL_RESULTS_FILE), encoding="utf-8") as f:
     return {"accuracy": json.load(f)["accuracy"]}
 
 
@@ -300,15 +240,7 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--workdir", default="", help="where the setup and runs go (default: new "
                       "temporary directory)")
   parser.add_argument("--json", default="", help="also write the figures here")
-  parser.add_argument("--peer", default="", help=argparse.SUPPRESS)  # the subprocess's mode
-  parser.add_argument("--hf_dir", default="", help=argparse.SUPPRESS)
-  parser.add_argument("--token_ids", default="", help=argparse.SUPPRESS)
-  parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
-  if args.peer == "transformers":
-    print(json.dumps(transformers_peer(args.hf_dir, args.token_ids, batch_size=args.batch_size,
-                                       eval_batch_size=args.eval_batch_size, seed=args.seed)))
-    return 0
   results = run(args)
   print(report(results))
   if args.json:

@@ -32,8 +32,15 @@ import subprocess
 import sys
 from typing import Sequence
 
-from bertjax.training import curves
+import flax.linen as nn
+import jax
+import numpy as np
+
+from bertjax import model_files
 from bertjax.data.finetuning import movie_reviews
+from bertjax.models import heads
+from bertjax.training import curves
+from bertjax.workdir import EVAL_RESULTS_FILE
 
 RESULTS_FILE = "demo_results.json"
 FIGURE_FILE = "demo.png"
@@ -67,7 +74,8 @@ FINE_TUNINGS = (
     FineTuning("full", "MLM + NSP (BERT)", "full"),
     FineTuning("no_nsp", "No NSP", "no_nsp"),
     FineTuning("ltr", "LTR & No NSP", "ltr"),
-    FineTuning("ltr_bilstm", "LTR & No NSP + BiLSTM", "ltr", ("--config.model.bilstm_on_top=true",)),
+    FineTuning("ltr_bilstm", "LTR & No NSP + BiLSTM", "ltr",
+               ("--config.model.bilstm_on_top=true",)),
     FineTuning("random", "no pretraining (random init)", "random"),
 )
 
@@ -84,14 +92,6 @@ def run_command(args: Sequence[str]) -> None:
 def make_random_init(pretrained: str, out_dir: str, seed: int = 0) -> None:
   """A model directory with the model and tokenizer of the pretraining workdir `pretrained`
   and randomly initialised parameters (BERT's initialiser), as `init_checkpoint` takes."""
-  # pylint: disable=import-outside-toplevel
-  import flax.linen as nn
-  import jax
-  import numpy as np
-
-  from bertjax import model_files
-  from bertjax.models import heads
-
   if os.path.exists(os.path.join(out_dir, model_files.BERT_CONFIG_FILE)):
     return
   config = model_files.load_bert_config(pretrained)
@@ -110,7 +110,7 @@ def dev_accuracies(workdir: str) -> list[tuple[int, float]]:
 
 def held_out(workdir: str) -> dict[str, float]:
   """The last evaluation of a pretraining workdir (its eval_results.json without the step)."""
-  with open(os.path.join(workdir, "eval_results.json"), encoding="utf-8") as f:
+  with open(os.path.join(workdir, EVAL_RESULTS_FILE), encoding="utf-8") as f:
     results = json.load(f)
   return {k: v for k, v in results.items() if isinstance(v, (int, float)) and k != "step"}
 
@@ -127,6 +127,7 @@ def results_table(results: dict[str, dict]) -> str:
 
 def draw(results: dict[str, dict], path: str) -> None:
   """DIR/demo.png: dev accuracy against fine-tuning steps per run, and the last ones as bars."""
+  # Imported here: matplotlib stays off the demo's path until the figure is drawn.
   # pylint: disable=import-outside-toplevel
   from matplotlib.backends.backend_agg import FigureCanvasAgg
   from matplotlib.figure import Figure
