@@ -2,7 +2,9 @@
 
 Every file a run writes in WORKDIR is named once, here (the constants below); the model
 directory's files that a run writes there too, bert_config.json and the tokenizer's, are named by
-`bertjax.model_files`, which reads them back from any model directory.
+`bertjax.model_files`, which reads them back from any model directory; the tasks' prediction
+files by the tasks that write them (`bertjax.tasks.glue.EVAL_PREDICTIONS_FILE`, ner's, swag's,
+squad_answers': run_squad's names).
 
 Two runs on one workdir would interleave their checkpoints, logs and prepared data, so
 `bertjax.main` holds the workdir for the whole run, from before any work (data preparation writes
@@ -57,6 +59,8 @@ METRICS_FILE = "metrics.jsonl"  # one line per logged step and evaluation (repor
 TENSORBOARD_DIR = "tensorboard"  # the same scalars as TensorBoard events (reports)
 EVAL_RESULTS_FILE = "eval_results.json"  # the last evaluation and the task's main metric
 CURVES_FILE = "curves.png"  # the loss and the main metric against the steps (curves)
+DATA_DIR = "data"  # pretraining: the config's text, prepared on first use
+LABELS_FILE = "labels.json"  # NER: the tags in the order of the model's classes
 
 HEARTBEAT_SECONDS = 30.0  # how often a run touches its lock
 STALE_SECONDS = 600.0  # a lock from elsewhere untouched this long belongs to a dead run

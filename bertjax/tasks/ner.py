@@ -45,9 +45,9 @@ from bertjax.data.finetuning import ner as ner_data
 from bertjax.errors import UserError
 from bertjax.models import feature_based, heads
 from bertjax.models.config import BertConfig
+from bertjax.workdir import LABELS_FILE
 from bertjax.tasks import finetuning
 
-LABELS_FILE = "labels.json"
 EVAL_PREDICTIONS_FILE = "eval_predictions.txt"
 TEST_PREDICTIONS_FILE = "test_predictions.txt"
 TEST_RESULTS_FILE = "test_results.json"

@@ -22,9 +22,7 @@ from bertjax.data.pretraining import layout, loader, preparation
 from bertjax.errors import UserError
 from bertjax.tasks.pretraining_config import is_left_to_right, uses_nsp
 from bertjax.training import init_params
-
-DATA_DIR = "data"  # WORKDIR/data: the config's text, prepared on first use
-
+from bertjax.workdir import DATA_DIR
 
 
 def checkpoint_vocabulary(config: ml_collections.ConfigDict) -> str:

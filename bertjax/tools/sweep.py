@@ -47,7 +47,7 @@ import numpy as np
 from absl import app, flags, logging
 
 from bertjax import tasks, workdir
-from bertjax.training import checkpoint, curves, distributed
+from bertjax.training import checkpoint, distributed
 from bertjax import main as bertjax_main
 from bertjax.errors import UserError
 
@@ -139,7 +139,7 @@ def settings_differences(directory: str, config: ml_collections.ConfigDict) -> l
   """"field: was A, now B" for each config field the run in `directory` recorded (config.json)
   with another value than `config` asks; [] for a run not started yet. Fields the run derives
   (DERIVED_FIELDS, when asked as -1) and FREE_FIELDS are not compared."""
-  recorded = _read_json(os.path.join(directory, "config.json"))
+  recorded = _read_json(os.path.join(directory, workdir.CONFIG_FILE))
   if not isinstance(recorded, dict):
     return []
   recorded = _leaves(recorded)
@@ -175,15 +175,15 @@ class Progress:
 
 def progress(directory: str) -> Progress:
   """The Progress of the run in `directory` (which may not exist)."""
-  recorded = _read_json(os.path.join(directory, "config.json"))
+  recorded = _read_json(os.path.join(directory, workdir.CONFIG_FILE))
   steps = recorded.get("train", {}).get("num_train_steps") if isinstance(recorded, dict) else None
-  checkpoints = checkpoint.Checkpoints(os.path.join(directory, "checkpoints"),
+  checkpoints = checkpoint.Checkpoints(os.path.join(directory, workdir.CHECKPOINTS_DIR),
                                        save_every_steps=1, keep=None)
   try:
     step = checkpoints.latest_step()
   finally:
     checkpoints.close()
-  results = _read_json(os.path.join(directory, curves.EVAL_RESULTS_FILE))
+  results = _read_json(os.path.join(directory, workdir.EVAL_RESULTS_FILE))
   return Progress(steps, step, results if isinstance(results, dict) else None)
 
 
