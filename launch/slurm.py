@@ -23,7 +23,8 @@ The job:
     --setup the job runs the `python` of the environment sbatch was called from (sbatch passes
     its environment on). srun's --kill-on-bad-exit=1 ends every process when one fails, instead
     of leaving the others waiting in a collective.
-  * bertjax joins the processes itself: `bertjax.training.distributed.maybe_initialize_distributed()` calls
+  * bertjax joins the processes itself:
+    `bertjax.training.distributed.maybe_initialize_distributed()` calls
     `jax.distributed.initialize()` in a SLURM step of more than one task, and jax reads the job
     from the variables srun sets (jax/_src/clusters/slurm_cluster.py): SLURM_NTASKS processes
     (one a node), this one SLURM_PROCID, the coordinator on the first node of

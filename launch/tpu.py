@@ -47,10 +47,10 @@ What happens on the workers:
 Multi-host (pod slices, e.g. v4-32: 4 hosts of 4 chips, v5litepod-16: 2 hosts of 8 chips):
   * Every worker runs the same program. bertjax calls `jax.distributed.initialize()` when
     TPU_WORKER_HOSTNAMES (set by GKE) or JAX_COORDINATOR_ADDRESS is in the environment
-    (bertjax/training/distributed.py, maybe_initialize_distributed). A TPU VM made by `gcloud ... create`
-    sets neither, so `run` reads the workers from the metadata server and, on a slice of more
-    than one host, exports JAX_COORDINATOR_ADDRESS=<worker 0>:8482; jax then takes the process
-    count and this worker's index from the metadata server. (Without it, libtpu would still
+    (bertjax/training/distributed.py, maybe_initialize_distributed). A TPU VM made by
+    `gcloud ... create` sets neither, so `run` reads the workers from the metadata server and,
+    on a slice of more than one host, exports JAX_COORDINATOR_ADDRESS=<worker 0>:8482; jax then
+    takes the process count and this worker's index from the metadata server. (Without it, libtpu would still
     join the hosts, but orbax's checkpoints need the jax.distributed client.) On one host
     (v4-8) nothing is exported.
   * Each host reads only its shard of every global batch, so the text (or static examples) must

@@ -5,7 +5,8 @@ swag}.py).
 A new fine-tuning task is a spec plus a config of a few lines over configs/finetuning.py:
 
   SPEC = finetuning.Spec(
-      name="my task", read=read, model=lambda bert_config, data: heads.BertForSequenceClassification(
+      name="my task", read=read,
+      model=lambda bert_config, data: heads.BertForSequenceClassification(
           bert_config, data.num_labels),
       terms=terms, predict=predict, score=score, write=write,
       main_metric=lambda config: "accuracy")

@@ -16,9 +16,9 @@ training file's size and the batch size) with warmup over `train.warmup_proporti
 Each evaluation reports the dev loss and accuracy; WORKDIR/eval_results.json holds the last one.
 After the last step WORKDIR/eval_predictions.csv holds "id,label,prediction" for every dev
 question, and, with data.predict_file, WORKDIR/test_predictions.csv holds "id,prediction" (ids
-as bertjax.data.finetuning.swag gives them; predictions are ending indices 0 to 3). No official leaderboard
-format comes with SWAG's files (swagaf's csv_predict.py writes the same rows under the header
-",pred"), so these are plain CSV files.
+as bertjax.data.finetuning.swag gives them; predictions are ending indices 0 to 3). No official
+leaderboard format comes with SWAG's files (swagaf's csv_predict.py writes the same rows under
+the header ",pred"), so these are plain CSV files.
 """
 from __future__ import annotations
 

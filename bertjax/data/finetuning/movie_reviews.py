@@ -6,8 +6,8 @@
 
 The sentences are the 10,605 Rotten Tomatoes snippets that Hutto & Gilbert (ICWSM 2014) had
 rated by at least 20 people each, from -4 (extremely negative) to 4 (extremely positive); the
-file ships in bertjax/data/finetuning/movie_reviews/ with its MIT licence (CREDITS.md there says where it
-comes from). Binarised by the sign of the mean rating (1: positive, 0: negative); the 37
+file ships in bertjax/data/finetuning/movie_reviews/ with its MIT licence (CREDITS.md there says
+where it comes from). Binarised by the sign of the mean rating (1: positive, 0: negative); the 37
 sentences rated exactly 0 are dropped, which leaves 10,568 (5,242 positive, 5,326 negative).
 
 The split is fixed: one seeded permutation of the labelled sentences (in file order before it);
