@@ -1,5 +1,6 @@
-"""Tests of bertjax.data.pretraining.loader: batches from prepared shards, epochs, a global position that
-resumes on any host count, masks per example and epoch, stored masks, evaluation, bad shards."""
+"""Tests of bertjax.data.pretraining.loader: batches from prepared shards, epochs, a global
+position that resumes on any host count, masks per example and epoch, stored masks, evaluation,
+bad shards, contiguous spans (two segments, and one as data prepared before held them)."""
 import json
 import os
 

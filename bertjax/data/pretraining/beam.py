@@ -3,7 +3,8 @@
 `python -m bertjax.data.prepare ... --runner=NAME` plans the text shards and writes DATA/plan.json
 and the vocabulary on this machine (preparation.py), then `run` processes the unfinished text
 shards as a Beam pipeline, one `shard_work.process_text_shard` call per shard, and
-preparation.py writes DATA/info.json once the pipeline is done. The files written do not depend on the runner or the workers.
+preparation.py writes DATA/info.json once the pipeline is done. The files written do not depend
+on the runner or the workers.
 
 Every worker reads DATA/plan.json and the vocabulary and writes its shards into DATA, at the path
 this machine gives (made absolute here), so DATA must be a directory every worker reads and
