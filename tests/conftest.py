@@ -26,7 +26,8 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 
 from bertjax import model_files, tokenization
 from bertjax.data import sources
-from bertjax.models import bert, heads
+from bertjax.models import heads
+from bertjax.models.config import BertConfig
 
 
 def write_chapters(directory, num_documents: int, vocab_size: int = 600) -> tuple[str, str]:
@@ -73,7 +74,7 @@ def save_random_bert(directory, vocab: list[str], max_position_embeddings: int =
   vocab_file = os.path.join(directory, "vocab.txt")
   with open(vocab_file, "w", encoding="utf-8") as f:
     f.write("".join(t + "\n" for t in vocab))
-  config = bert.BertConfig(vocab_size=len(vocab), hidden_size=64, num_layers=2, num_heads=2,
+  config = BertConfig(vocab_size=len(vocab), hidden_size=64, num_layers=2, num_heads=2,
                            intermediate_size=128,
                            max_position_embeddings=max_position_embeddings)
   ids = np.zeros((1, 4), np.int32)
