@@ -22,7 +22,7 @@ from typing import Any, Iterable
 import jax
 import jax.numpy as jnp
 
-from bertjax import tokenization
+from bertjax import tokenization, workdir
 from bertjax.errors import UserError
 from bertjax.models.config import BertConfig
 from bertjax.training import checkpoint
@@ -112,7 +112,7 @@ def save_model_dir(out_dir: str, params: dict[str, Any], config: BertConfig,
   """
   os.makedirs(out_dir, exist_ok=True)
   state = {"step": jnp.asarray(0, jnp.int32), "params": jax.tree.map(jnp.asarray, params)}
-  with checkpoint.Checkpoints(os.path.join(os.path.abspath(out_dir), checkpoint.CHECKPOINTS_DIR),
+  with checkpoint.Checkpoints(os.path.join(os.path.abspath(out_dir), workdir.CHECKPOINTS_DIR),
                               save_every_steps=1, keep=None, async_save=False) as ckpts:
     ckpts.save(0, state, None, force=True)
   with open(os.path.join(out_dir, BERT_CONFIG_FILE), "w", encoding="utf-8") as f:

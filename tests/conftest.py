@@ -75,8 +75,7 @@ def save_random_bert(directory, vocab: list[str], max_position_embeddings: int =
   with open(vocab_file, "w", encoding="utf-8") as f:
     f.write("".join(t + "\n" for t in vocab))
   config = BertConfig(vocab_size=len(vocab), hidden_size=64, num_layers=2, num_heads=2,
-                           intermediate_size=128,
-                           max_position_embeddings=max_position_embeddings)
+                      intermediate_size=128, max_position_embeddings=max_position_embeddings)
   ids = np.zeros((1, 4), np.int32)
   params = heads.BertForPreTraining(config).init(jax.random.PRNGKey(0), ids, ids, ids,
                                                  deterministic=True)["params"]

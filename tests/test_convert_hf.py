@@ -27,7 +27,6 @@ from bertjax.convert import hf, hf_files, hf_rules
 from bertjax.errors import UserError
 from bertjax.models import bert, heads
 from bertjax.models.config import BertConfig
-from bertjax.models.config import BertConfig
 
 ATOL = 1e-5
 VOCAB = 99

@@ -29,7 +29,6 @@ from bertjax import tasks
 from bertjax.errors import UserError
 from bertjax.models import bert, bilstm, feature_based, heads
 from bertjax.models.config import BertConfig
-from bertjax.models.config import BertConfig
 from bertjax.tasks import finetuning, ner
 from test_bilstm import random_params
 from test_ner import conll_dir  # noqa: F401  pylint: disable=unused-import  (the fixture)

@@ -1,6 +1,7 @@
 """The checkpoints of one run: save the train state and data position, resume from the newest.
 
-On-disk layout (orbax-checkpoint `CheckpointManager`, one directory per step):
+On-disk layout (orbax-checkpoint `CheckpointManager`, one directory per step; the directory's
+name is `bertjax.workdir.CHECKPOINTS_DIR`, the item names are STATE_ITEM and DATA_ITEM):
 
   WORKDIR/checkpoints/<step>/state/           the train state, a pytree of arrays (orbax OCDBT)
   WORKDIR/checkpoints/<step>/data_position/   {"data_position": <JSON>} where the data stopped
@@ -42,7 +43,6 @@ from jax.experimental import multihost_utils
 from bertjax.errors import UserError
 from bertjax.training import checkpoint_faults
 
-CHECKPOINTS_DIR = "checkpoints"  # under the workdir
 STATE_ITEM = "state"
 DATA_ITEM = "data_position"
 _MAX_LISTED = 5  # differences named in an error message

@@ -25,6 +25,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from flax import traverse_util
 
+from bertjax import workdir
 from bertjax.errors import UserError
 from bertjax.training import checkpoint
 
@@ -96,8 +97,7 @@ def find_step_dir(path: epath.PathLike) -> epath.Path:
                     "workdir, its checkpoints/ directory or one step directory in it.")
   if (path / checkpoint.STATE_ITEM).is_dir():
     return path
-  root = (path / checkpoint.CHECKPOINTS_DIR if (path / checkpoint.CHECKPOINTS_DIR).is_dir()
-          else path)
+  root = path / workdir.CHECKPOINTS_DIR if (path / workdir.CHECKPOINTS_DIR).is_dir() else path
   latest = ocp.step.latest_step_metadata(root, ocp.step.standard_name_format())
   if latest is None or not (latest.path / checkpoint.STATE_ITEM).is_dir():
     raise UserError(f"no checkpoint found in {path}; give a workdir, its checkpoints/ "
