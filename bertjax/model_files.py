@@ -86,7 +86,7 @@ def tokenizer_files(directory: str) -> list[str]:
 
 def tokenizer_file_contents(directory: str) -> dict[str, bytes]:
   """{file name: contents} of the tokenizer files in `directory`, for a fine-tuning workdir to
-  carry them along (`train.Task.files`), so that it is a model directory in turn."""
+  carry them along (`task.Task.files`), so that it is a model directory in turn."""
   out = {}
   for path in tokenizer_files(directory):
     with open(path, "rb") as f:
