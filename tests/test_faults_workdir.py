@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from bertjax import workdir
+from bertjax import lock, workdir
 from bertjax.training import reports
 from bertjax.errors import UserError
 
@@ -148,7 +148,7 @@ def test_a_second_run_and_a_second_job_are_refused_while_the_first_holds_the_wor
   process.send_signal(signal.SIGSTOP)  # the workdir stays still while the others are refused
   _wait_until_stopped(process.pid)
   try:
-    owner = json.loads((directory / workdir.LOCK_FILE).read_text())
+    owner = json.loads((directory / lock.LOCK_FILE).read_text())
     assert owner["pid"] == process.pid and owner["host"] == socket.gethostname()
     message = _refused(directory, directory, _flags(data, *LONG_RUN), "is in use by another run",
                        f"pid {process.pid} on host {socket.gethostname()}")
@@ -180,7 +180,7 @@ def resumed(first_run, data):
   process, directory = first_run
   process.kill()
   assert process.wait(timeout=60) == -signal.SIGKILL
-  assert (directory / workdir.LOCK_FILE).exists()  # left by the killed run
+  assert (directory / lock.LOCK_FILE).exists()  # left by the killed run
   logged = _train_steps(directory)
   out = _run(directory, _flags(data, *LONG_RUN, "--config.train.stop_after_steps=16"))
   return directory, logged, out
@@ -195,7 +195,7 @@ def test_after_kill_9_the_next_run_takes_over_and_logs_each_step_once(first_run,
   assert 8 <= resumed_from <= max(logged)
   print(f"the killed run logged steps {logged}; the rerun resumed from step {resumed_from}")
   assert _train_steps(directory) == list(range(1, 17))  # each step once
-  assert not (directory / workdir.LOCK_FILE).exists()  # released at the end
+  assert not (directory / lock.LOCK_FILE).exists()  # released at the end
 
 
 def test_a_refused_resume_leaves_the_workdir_as_it_was(resumed, data):
@@ -213,16 +213,16 @@ def test_a_refused_resume_leaves_the_workdir_as_it_was(resumed, data):
 
 def test_a_lock_from_another_host_is_refused_until_its_heartbeat_is_stale(tmp_path):
   """In-process: a lock whose owner ran elsewhere is judged by its heartbeat (its mtime)."""
-  lock = tmp_path / workdir.LOCK_FILE
-  lock.write_text(json.dumps({"host": "other-host", "pid": 1, "where": "other-host/boot/pid:[1]",
+  path = tmp_path / lock.LOCK_FILE
+  path.write_text(json.dumps({"host": "other-host", "pid": 1, "where": "other-host/boot/pid:[1]",
                               "started": "2030-01-01 00:00:00 UTC", "job": None}))
   with pytest.raises(UserError, match=r"pid 1 on host other-host .*last heartbeat \d+ s ago\. "
-                                      rf"If that run is dead, remove {re.escape(str(lock))}"):
-    workdir.Lock.take(str(tmp_path))
-  old = time.time() - workdir.STALE_SECONDS - 60
-  os.utime(lock, (old, old))
-  taken = workdir.Lock.take(str(tmp_path))
-  assert json.loads(lock.read_text())["pid"] == os.getpid()
+                                      rf"If that run is dead, remove {re.escape(str(path))}"):
+    lock.Lock.take(str(tmp_path))
+  old = time.time() - lock.STALE_SECONDS - 60
+  os.utime(path, (old, old))
+  taken = lock.Lock.take(str(tmp_path))
+  assert json.loads(path.read_text())["pid"] == os.getpid()
   taken.release()
   assert os.listdir(tmp_path) == []
 

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from bertjax import tokenization, workdir
+from bertjax import lock, tokenization
 from bertjax.data import sources
 from bertjax.data.pretraining import layout, masking, pairs, preparation, shards, text_shards
 from bertjax.errors import UserError
@@ -224,7 +224,7 @@ def test_a_second_run_on_a_directory_being_prepared_is_refused(text_file, tmp_pa
   on DATA is refused with one message naming the first (host and pid), and nothing the first
   wrote is touched: not its plan, not its half-written files (once deleted as leftovers)."""
   data = tmp_path / "data"
-  first = workdir.Lock.take(str(data), flag="--output_dir")
+  first = lock.Lock.take(str(data), flag="--output_dir")
   try:
     (data / "plan.json").write_text("{}")
     (data / "seq32").mkdir()
@@ -234,7 +234,7 @@ def test_a_second_run_on_a_directory_being_prepared_is_refused(text_file, tmp_pa
              output_dir=str(data))
   finally:
     first.release()
-  assert not (data / workdir.LOCK_FILE).exists()
+  assert not (data / lock.LOCK_FILE).exists()
 
 
 def test_a_finished_directory_is_reused(prepared, text_file):

@@ -13,7 +13,7 @@ A prepared directory (`python -m bertjax.data.prepare` writes it) holds
 and, while it is being prepared, plan.json (the flags and the text shards, written first: a rerun
 resumes only with these), done/SSSSS.json (the counts of a finished text shard), files named
 PATH.tmp-HOST-PID being written (shards.temporary_name) and the lock .lock
-(bertjax.workdir.LOCK_FILE) of the run preparing it. Shard SSSSS of NNNNN holds what text shard
+(bertjax.lock.LOCK_FILE) of the run preparing it. Shard SSSSS of NNNNN holds what text shard
 SSSSS of the input became; shards.py has the record formats.
 """
 from __future__ import annotations

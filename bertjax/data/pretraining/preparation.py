@@ -6,7 +6,7 @@ sentencepiece model there on training sentences only, from text shards taken in 
 then runs shard_work.process_text_shard for every unfinished text shard in --workers local
 processes or as an Apache Beam pipeline (beam.py), and last sums the shards' counts into
 DATA/info.json. A rerun with the same flags resumes: finished text shards are kept. One run at a
-time prepares a DATA: it holds DATA/.lock (bertjax.workdir.Lock) from before it looks at DATA
+time prepares a DATA: it holds DATA/.lock (bertjax.lock.Lock) from before it looks at DATA
 until it ends, and a second run is refused naming the first, touching nothing.
 """
 from __future__ import annotations
@@ -17,13 +17,14 @@ import json
 import multiprocessing
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Sequence
 
 import numpy as np
 from tqdm import tqdm
 
-from bertjax import tokenization, workdir
+from bertjax import lock, tokenization
 from bertjax.data.pretraining import layout, packing, shard_work, shards, text_shards
 from bertjax.errors import UserError
 
@@ -53,7 +54,7 @@ def prepare(options: layout.Options, output_dir: str, workers: int = 0, runner: 
   if os.path.exists(output_dir) and not os.path.isdir(output_dir):
     raise UserError(f"--output_dir={output_dir} is a file; give a new or empty directory.")
   created = not os.path.exists(output_dir)
-  lock = workdir.Lock.take(output_dir, flag="--output_dir")
+  data_lock = lock.Lock.take(output_dir, flag="--output_dir")
   try:
     existing = _check_output_dir(output_dir, options)  # another run may have finished it
     if existing is not None:
@@ -66,7 +67,7 @@ def prepare(options: layout.Options, output_dir: str, workers: int = 0, runner: 
         _remove_all_but_the_lock(output_dir)
       raise
   finally:
-    lock.release()  # and output_dir too, if this run created it and left it empty
+    data_lock.release()  # and output_dir too, if this run created it and left it empty
 
 
 def _beam():
@@ -104,7 +105,7 @@ def _check_output_dir(output_dir: str, options: layout.Options) -> dict | None:
     raise UserError(f"--output_dir={output_dir} is a file; give a new or empty directory.")
   if not os.path.isdir(output_dir):
     return None
-  present = [name for name in os.listdir(output_dir) if not name.startswith(workdir.LOCK_FILE)]
+  present = [name for name in os.listdir(output_dir) if not name.startswith(lock.LOCK_FILE)]
   if not present:
     return None
   for name, finished in ((layout.INFO_FILE, True), (layout.PLAN_FILE, False)):
@@ -172,6 +173,11 @@ def _write_info(output_dir: str, plan: dict) -> dict:
       done.append(json.load(f))
   totals = {key: sum(d[key] for d in done) for key in
             ("text_bytes", "documents", "heldout_documents", "sentences", "tokens")}
+  totals["long_lines_skipped"] = sum(d.get("long_lines_skipped", 0) for d in done)
+  if totals["long_lines_skipped"]:
+    skipped = totals["long_lines_skipped"]
+    print(f"prepare: warning: {tokenization.skipped_lines(skipped, totals['sentences'] + skipped)}.",
+          file=sys.stderr)
   if not totals["documents"]:
     raise text_shards.no_text(options.input)
   files = {name: n for d in done for name, n in d["files"].items() if n}
@@ -246,7 +252,7 @@ def _remove_all_but_the_lock(output_dir: str) -> None:
   """Empties a DATA this run created (the lock's release then removes it)."""
   for name in os.listdir(output_dir):
     path = os.path.join(output_dir, name)
-    if name == workdir.LOCK_FILE:
+    if name == lock.LOCK_FILE:
       continue
     if os.path.isdir(path) and not os.path.islink(path):
       shutil.rmtree(path, ignore_errors=True)
