@@ -2,6 +2,7 @@
 corrupt vocab.model is one clear message, a corpus on one line (over sentencepiece's line limit)
 is one clear message, and WordPiece's longest word follows the vocabulary's origin (Google's 200
 characters, a Hugging Face tokenizer.json's own)."""
+import json
 import shutil
 
 import numpy as np
@@ -129,6 +130,40 @@ def test_a_corpus_on_one_line_is_one_message(tmp_path):
       "longer than sentencepiece's limit of 4192 bytes (1 skipped); the corpus format is one "
       "sentence per line (a blank line between documents): split the text into sentences."]
   assert not (tmp_path / "data" / tokenization.MODEL_FILE).exists()
+
+
+def test_a_line_over_the_limit_among_sentences_is_skipped_and_counted(tmp_path):
+  """A 5 MB line among ordinary sentences (it made a 2.7-million-token "sentence" that no uint16
+  record can count: an OverflowError traceback): the vocabulary and the documents skip it alike,
+  the run says how many lines and why, and the data is the data of the text without it."""
+  text = tmp_path / "book.txt"
+  _text_file(text, 0, 4)
+  documents = text.read_text().split("\n\n")
+  long_line = " ".join(_sentences(4, NUM_DOCUMENTS))
+  long_line = " ".join([long_line] * (5_000_000 // len(long_line) + 1))
+  documents[1] = documents[1] + "\n" + long_line
+  text.write_text("\n\n".join(documents))
+  without = tmp_path / "without.txt"
+  without.write_text("\n\n".join(d.replace("\n" + long_line, "") for d in documents))
+  runs = {}
+  for name, path in (("with", text), ("without", without)):
+    out = _prepare([f"--input={path}", f"--output_dir={tmp_path / name}", "--workers=1",
+                    f"--vocab_size={VOCAB_SIZE}", "--max_seq_length=64"])
+    assert out.returncode == 0, out.stderr[-3000:]
+    runs[name] = out.stderr
+    with open(tmp_path / name / "info.json") as f:
+      runs[name + "_counts"] = json.load(f)["counts"]
+  assert "Traceback" not in runs["with"]
+  sentences = runs["with_counts"]["sentences"]
+  assert (f"prepare: warning: 1 of {sentences + 1} lines of the text are longer than "
+          "sentencepiece's limit of 4192 bytes and were skipped; the corpus format is one "
+          "sentence per line") in runs["with"]
+  assert "limit" not in runs["without"]
+  assert runs["with_counts"]["long_lines_skipped"] == 1
+  assert {k: v for k, v in runs["with_counts"].items() if k not in ("text_bytes",
+                                                                     "long_lines_skipped")} == {
+      k: v for k, v in runs["without_counts"].items() if k not in ("text_bytes",
+                                                                    "long_lines_skipped")}
 
 
 def test_wordpiece_longest_word_follows_the_vocabularys_origin(tmp_path):

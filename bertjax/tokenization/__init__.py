@@ -25,7 +25,8 @@ from bertjax.tokenization.tokenizer import (CLS, CONFIG_FILE, GOOGLE_MAX_CHARS_P
                                             HF_TOKENIZER_FILE, MASK, MODEL_FILE, PAD, SEP, UNK,
                                             VOCAB_FILE, Tokenizer, UnreadableVocabulary)
 from bertjax.tokenization.vocab_training import (MAX_SENTENCE_BYTES, MIN_VOCAB_SIZE,
-                                                 load_or_train_sentencepiece, train_sentencepiece)
+                                                 load_or_train_sentencepiece, skipped_lines,
+                                                 too_long, train_sentencepiece)
 from bertjax.tokenization.whole_word import is_punctuation, word_starts
 from bertjax.tokenization.wordpiece import WordPieceTokenizer
 
@@ -34,7 +35,7 @@ __all__ = [
     "MAX_SENTENCE_BYTES", "MIN_VOCAB_SIZE", "MODEL_FILE", "PAD", "SEP", "UNK", "VOCAB_FILE",
     "SentencePieceTokenizer", "Tokenizer", "UnreadableVocabulary", "WordPieceTokenizer",
     "is_punctuation", "load_or_train_sentencepiece", "load_tokenizer", "max_chars_per_word",
-    "train_sentencepiece", "word_starts",
+    "skipped_lines", "too_long", "train_sentencepiece", "word_starts",
 ]
 
 

@@ -23,7 +23,7 @@ MIN_VOCAB_SIZE = 64  # smaller cannot hold a corpus's characters and the special
 MAX_SENTENCE_BYTES = 4192  # sentencepiece's max_sentence_length (its default), in UTF-8 bytes
 
 
-def _too_long(sentence: str) -> bool:
+def too_long(sentence: str) -> bool:
   """Whether sentencepiece would skip `sentence`: over MAX_SENTENCE_BYTES in UTF-8, less the
   line breaks ending it (sentencepiece drops those before it measures)."""
   if len(sentence) <= MAX_SENTENCE_BYTES // 4:  # a character is at most 4 bytes
@@ -31,9 +31,9 @@ def _too_long(sentence: str) -> bool:
   return len(sentence.rstrip("\r\n").encode("utf-8", "surrogatepass")) > MAX_SENTENCE_BYTES
 
 
-def _skipped_lines(too_long: int, total: int) -> str:
-  """What the user is told of the `too_long` lines of `total` that were skipped."""
-  return (f"{too_long} of {total} lines of the text are longer than sentencepiece's limit of "
+def skipped_lines(count: int, total: int) -> str:
+  """What the user is told of the `count` lines of `total` that were skipped as too long."""
+  return (f"{count} of {total} lines of the text are longer than sentencepiece's limit of "
           f"{MAX_SENTENCE_BYTES} bytes and were skipped; the corpus format is one sentence per "
           "line (a blank line between documents), so split such lines into sentences")
 
@@ -69,15 +69,15 @@ def train_sentencepiece(sentences: Iterable[str], model_prefix: str, vocab_size:
   if vocab_size < MIN_VOCAB_SIZE:
     raise UserError(f"vocab_size={vocab_size} is too small; use {MIN_VOCAB_SIZE} or more "
                     "(BERT uses 30522, the tiny config a few thousand).")
-  count, too_long, failure = [0], [0], []
+  count, skipped, failure = [0], [0], []
 
   def counted():  # counts the sentences, and keeps an error of `sentences` to raise it again
     try:
       for sentence in sentences:
         if not sentence.strip():
           continue
-        if _too_long(sentence):  # skipped here, so the count is ours, not sentencepiece's
-          too_long[0] += 1
+        if too_long(sentence):  # skipped here, so the count is ours, not sentencepiece's
+          skipped[0] += 1
           continue
         count[0] += 1
         yield sentence
@@ -100,23 +100,23 @@ def train_sentencepiece(sentences: Iterable[str], model_prefix: str, vocab_size:
   except RuntimeError as e:
     if failure:
       raise failure[0]
-    if not count[0] and too_long[0]:
+    if not count[0] and skipped[0]:
       raise UserError(f"no sentence to train the sentencepiece model on: each line of the text "
                       f"is longer than sentencepiece's limit of {MAX_SENTENCE_BYTES} bytes "
-                      f"({too_long[0]} skipped); the corpus format is one sentence per line (a "
+                      f"({skipped[0]} skipped); the corpus format is one sentence per line (a "
                       "blank line between documents): split the text into sentences.") from None
     if not count[0]:
       raise UserError("no text to train the sentencepiece model on; give a corpus with some "
                       "sentences.") from None
     message = str(e).strip().splitlines()[-1]
-    skipped = f" ({_skipped_lines(too_long[0], too_long[0] + count[0])})" if too_long[0] else ""
+    note = f" ({skipped_lines(skipped[0], skipped[0] + count[0])})" if skipped[0] else ""
     raise UserError(f"sentencepiece training failed: {message.split('] ')[-1]}; give more text "
-                    f"or a larger vocab_size{skipped}.") from None
+                    f"or a larger vocab_size{note}.") from None
   if failure:
     raise failure[0]
-  if too_long[0]:
-    logging.warning("sentencepiece vocabulary: %s.", _skipped_lines(too_long[0],
-                                                                    too_long[0] + count[0]))
+  if skipped[0]:
+    logging.warning("sentencepiece vocabulary: %s.", skipped_lines(skipped[0],
+                                                                    skipped[0] + count[0]))
   path = f"{model_prefix}.model"
   write_atomically(path, model.getvalue())
   return SentencePieceTokenizer(path)

@@ -44,9 +44,9 @@ def process_text_shard(output_dir: str, index: int) -> dict:
   count = len(specs)
   tok = tokenization.load_tokenizer(os.path.join(output_dir, plan["vocab_file"]))
   dtype = shards.token_dtype(tok.vocab_size)
-  splits = shard_documents(options, specs, index, tok)
+  splits, long_lines = shard_documents(options, specs, index, tok)
   documents = splits["train"] + splits["heldout"]
-  done = {"text_bytes": specs[index]["stop"] - specs[index]["start"]
+  done = {"long_lines_skipped": long_lines,"text_bytes": specs[index]["stop"] - specs[index]["start"]
           if "path" in specs[index] else 0,
           "documents": len(splits["train"]), "heldout_documents": len(splits["heldout"]),
           "sentences": sum(len(d) for d in documents),
@@ -89,16 +89,21 @@ def _tapped(records, lengths: list[int], dtype: np.dtype):
 
 
 def shard_documents(options: layout.Options, specs: list[dict], index: int,
-                    tok) -> dict[str, list[list[list[int]]]]:
-  """{"train", "heldout"}: the tokenized documents of text shard `index`, each set shuffled as
-  the original shuffles its documents."""
+                    tok) -> tuple[dict[str, list[list[list[int]]]], int]:
+  """({"train", "heldout"}: the tokenized documents of text shard `index`, each set shuffled as
+  the original shuffles its documents; the number of lines skipped). A line over
+  sentencepiece's limit (tokenization.MAX_SENTENCE_BYTES: a paragraph, document or file on one
+  line, not a sentence) is skipped here as the vocabulary's training skips it."""
   rng = np.random.default_rng([options.seed, _PAIRS, index])
   texts = text_shards.read_text_shard(specs[index], options)
+  long_lines = sum(tokenization.too_long(s) for doc in texts for s in doc)
+  if long_lines:
+    texts = [[s for s in doc if not tokenization.too_long(s)] for doc in texts]
   held_out = text_shards.split_heldout(texts, options.eval_fraction, options.seed, index)
   splits = {}
   for split, docs in zip(("train", "heldout"), held_out):
     splits[split] = _tokenize(tok, [docs[i] for i in rng.permutation(len(docs))])
-  return splits
+  return splits, long_lines
 
 
 def _pair_records(docs, split: str, index: int, phase: int, options: layout.Options, tok, dtype):
