@@ -111,15 +111,10 @@ def _pair_records(docs, split: str, index: int, phase: int, options: layout.Opti
   phase's length: dupe_factor passes for training, one for held-out documents."""
   length = options.max_seq_length[phase]
   rng = np.random.default_rng([options.seed, _PAIRS, index, phase, split == "heldout"])
-  segment_pairs = pairs.iter_segment_pairs(docs, length, options.short_seq_prob, rng,
-                                           options.dupe_factor if split == "train" else 1)
-  if not options.static_masks:
-    return (shards.encode_pair(a, b, r, dtype) for a, b, r in segment_pairs)
-  return _masked_records(
-      segment_pairs, length, options.max_predictions_per_seq[phase],
-      masking.SpecialTokens.from_tokenizer(tok), options,
-      np.random.default_rng([options.seed, _MASKS, index, phase, split == "train"]),
-      tok.word_boundary_tables() if options.whole_word_masking else None, dtype)
+  rows = pairs.iter_segment_pairs(docs, length, options.short_seq_prob, rng,
+                                  options.dupe_factor if split == "train" else 1)
+  return _records(rows, phase, options, tok, dtype, [options.seed, _MASKS, index, phase,
+                                                     split == "train"])
 
 
 def _span_records(docs, split: str, index: int, phase: int, options: layout.Options, tok, dtype):
@@ -128,14 +123,20 @@ def _span_records(docs, split: str, index: int, phase: int, options: layout.Opti
   dupe_factor passes for training, one for held-out documents."""
   length = options.max_seq_length[phase]
   rng = np.random.default_rng([options.seed, _SPAN_CUTS, index, phase, split == "heldout"])
-  spans = pairs.iter_contiguous_spans(docs, length, rng,
-                                      options.dupe_factor if split == "train" else 1)
+  rows = pairs.iter_contiguous_spans(docs, length, rng,
+                                     options.dupe_factor if split == "train" else 1)
+  return _records(rows, phase, options, tok, dtype, [options.seed, _SPAN_MASKS, index, phase,
+                                                     split == "train"])
+
+
+def _records(rows, phase: int, options: layout.Options, tok, dtype, mask_seed: list):
+  """(A, B, is_random_next) rows as pair records; with static masks, masked by a generator
+  seeded by `mask_seed`."""
   if not options.static_masks:
-    return (shards.encode_pair(a, b, r, dtype) for a, b, r in spans)
+    return (shards.encode_pair(a, b, r, dtype) for a, b, r in rows)
   return _masked_records(
-      spans, length, options.max_predictions_per_seq[phase],
-      masking.SpecialTokens.from_tokenizer(tok), options,
-      np.random.default_rng([options.seed, _SPAN_MASKS, index, phase, split == "train"]),
+      rows, options.max_seq_length[phase], options.max_predictions_per_seq[phase],
+      masking.SpecialTokens.from_tokenizer(tok), options, np.random.default_rng(mask_seed),
       tok.word_boundary_tables() if options.whole_word_masking else None, dtype)
 
 
