@@ -10,6 +10,7 @@ JAX_NUM_PROCESSES, JAX_PROCESS_ID), with gloo collectives, running `python -m be
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -122,25 +123,35 @@ def test_two_processes_equal_one_process_of_four_devices(two_hosts, corpus, tmp_
   assert all("2 hosts" not in err for _, err in outputs)
 
 
-def test_stopped_and_rerun_in_fresh_processes_equals_the_uninterrupted_run(two_hosts, corpus,
-                                                                           tmp_path):
+@pytest.fixture(scope="module")
+def stopped_at_2(corpus, tmp_path_factory):
+  """The two-process run stopped at step 2 (`train.stop_after_steps`), as a template: each test
+  resumes a copy of it."""
+  workdir = tmp_path_factory.mktemp("stopped") / "run"
+  _run(workdir, corpus, "--config.train.stop_after_steps=2")
+  assert sorted(os.listdir(workdir / "checkpoints")) == ["2"]
+  return workdir
+
+
+def test_stopped_and_rerun_in_fresh_processes_equals_the_uninterrupted_run(two_hosts, stopped_at_2,
+                                                                           corpus, tmp_path):
   straight, _ = two_hosts
   resumed = tmp_path / "resumed"
-  _run(resumed, corpus, "--config.train.stop_after_steps=2")
-  assert sorted(os.listdir(resumed / "checkpoints")) == ["2"]
+  shutil.copytree(stopped_at_2, resumed)
   outputs = _run(resumed, corpus)
   assert all("resuming from step 2" in out for out, _ in outputs)
   jax.tree.map(np.testing.assert_array_equal, _params(straight, STEPS), _params(resumed, STEPS))
   assert _losses(resumed) == _losses(straight)
 
 
-def test_resumed_on_four_processes_continues_the_two_process_run(two_hosts, corpus, tmp_path):
+def test_resumed_on_four_processes_continues_the_two_process_run(two_hosts, stopped_at_2, corpus,
+                                                                 tmp_path):
   """The data position is global: stopped at step 2 on 2 processes x 2 devices and resumed on 4
   processes x 1 device, the run sees the batches the uninterrupted run saw (every example of
   the epoch once) and ends with its parameters."""
   straight, _ = two_hosts
   resumed = tmp_path / "resumed"
-  _run(resumed, corpus, "--config.train.stop_after_steps=2")
+  shutil.copytree(stopped_at_2, resumed)
   outputs = _run(resumed, corpus, processes=4)
   assert all("resuming from step 2" in out for out, _ in outputs)
   np.testing.assert_allclose([l for _, l in _losses(resumed)], [l for _, l in _losses(straight)],
