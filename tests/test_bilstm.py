@@ -17,8 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import squad_helpers
 import test_ner
-import test_squad
 import test_swag
 from bertjax import model_files
 from bertjax.training import init_params, parallel, steps
@@ -127,7 +127,7 @@ SST_WORDS = ["good", "bad"]
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory, random_bert):
   """A random small BERT whose vocabulary covers the four tasks' synthetic files."""
-  vocab = list(dict.fromkeys(test_ner.VOCAB + test_squad.VOCAB + test_swag.VOCAB + SST_WORDS))
+  vocab = list(dict.fromkeys(test_ner.VOCAB + squad_helpers.VOCAB + test_swag.VOCAB + SST_WORDS))
   return random_bert(tmp_path_factory.mktemp("model"), vocab)
 
 
@@ -152,7 +152,7 @@ def data_dir(tmp_path_factory):
     test_ner._write_conll(directory / "conll" / name,
                           [test_ner._sentence(rng, 5) for _ in range(n)])
   for name, n in (("train", 256), ("dev", 32)):
-    test_squad._write_squad(directory / f"{name}.json", rng, n, 0.0)
+    squad_helpers._write_squad(directory / f"{name}.json", rng, n, 0.0)
     test_swag._write_csv(directory / f"{name}.csv", test_swag.HEADER,
                          test_swag._questions(rng, n))
   return directory

@@ -1,8 +1,8 @@
 """bertjax.tools.real_text_demo: the runs it makes, the random-init model, its results and figure.
 
 The runs themselves are bertjax's commands, each tested elsewhere (the ablations' README
-commands in test_ablations, GLUE fine-tuning in test_glue, bilstm_on_top in test_bilstm); here
-they are recorded instead of run, each leaving the files a finished run leaves.
+commands in test_ablations_readme_runs, GLUE fine-tuning in test_glue, bilstm_on_top in
+test_bilstm); here they are recorded instead of run, each leaving the files a finished run leaves.
 """
 import json
 import os

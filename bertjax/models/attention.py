@@ -11,7 +11,7 @@ The paths: 'reference' is the paper's einsum with dropout on the attention proba
 kernel (`splash_attention`). They agree at every real token (tests/test_attention.py).
 A causal model (`BertConfig.causal`, the paper's left-to-right ablation) hides later keys on
 every path: the dense mask is lower-triangular, cuDNN unpacked gets is_causal, splash its
-CausalMask (tests/test_ablations.py).
+CausalMask (tests/test_ablations_causal.py).
 
 Who may attend to whom is an `AttentionMask`: the batch's input_mask, and for a packed batch
 (Krell et al. 2021: several sequences share a row) its sequence_ids, by which attention is
