@@ -192,7 +192,7 @@ def test_features_truncate_longest_first(tokenizer):
 
 def test_features_match_transformers_run_swag(model_dir, tokenizer):
   """Untruncated, each choice is what transformers' run_swag.py gives: its tokenizer on
-  (sent1, f"{sent2} {ending}"). (Truncation is Google's, checked in test_glue_data.py.)"""
+  (sent1, f"{sent2} {ending}"). (Truncation is Google's, checked in test_glue_data_encoding.py.)"""
   import transformers  # pylint: disable=import-outside-toplevel
   hf = transformers.BertTokenizerFast(os.path.join(model_dir, "vocab.txt"), do_lower_case=True)
   rows = _questions(np.random.default_rng(1), 20)

@@ -8,7 +8,7 @@ their parameters, this module none (as maxtext's attention_op.py beside its atte
 The paths: 'reference' is the paper's einsum with dropout on the attention probabilities
 (`reference_attention`); 'xla' and 'cudnn' call jax.nn.dot_product_attention
 (`dot_product_attention_kwargs` says which mask arguments each gets); 'splash' is the Pallas TPU
-kernel (`splash_attention`). They agree at every real token (tests/test_attention.py).
+kernel (`splash_attention`). They agree at every real token (tests/test_attention_*.py).
 A causal model (`BertConfig.causal`, the paper's left-to-right ablation) hides later keys on
 every path: the dense mask is lower-triangular, cuDNN unpacked gets is_causal, splash its
 CausalMask (tests/test_ablations_causal.py).
