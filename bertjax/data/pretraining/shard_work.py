@@ -96,9 +96,9 @@ def shard_documents(options: layout.Options, specs: list[dict], index: int,
   line, not a sentence) is skipped here as the vocabulary's training skips it."""
   rng = np.random.default_rng([options.seed, _PAIRS, index])
   texts = text_shards.read_text_shard(specs[index], options)
-  long_lines = sum(tokenization.too_long(s) for doc in texts for s in doc)
-  if long_lines:
-    texts = [[s for s in doc if not tokenization.too_long(s)] for doc in texts]
+  kept = [[s for s in doc if not tokenization.too_long(s)] for doc in texts]
+  long_lines = sum(map(len, texts)) - sum(map(len, kept))
+  texts = kept
   held_out = text_shards.split_heldout(texts, options.eval_fraction, options.seed, index)
   splits = {}
   for split, docs in zip(("train", "heldout"), held_out):
