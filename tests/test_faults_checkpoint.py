@@ -15,7 +15,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from bertjax.training import checkpoint
+from bertjax.training import checkpoint, train
 from bertjax.errors import UserError
 
 from conftest import tree_digest
@@ -219,3 +219,33 @@ def test_disk_full_in_a_background_save_is_one_user_error(tmp_path, monkeypatch)
   restored, position = checkpoint.Checkpoints(directory, save_every_steps=1,
                                               keep=2).resume(abstract)
   assert int(restored["step"]) == 1 and position == {"batches": 1}
+
+
+def test_a_report_write_that_meets_a_full_disk_is_one_user_error(tmp_path, monkeypatch):
+  """metrics.jsonl flushed while a background save fills the disk (a race the tmpfs test above
+  can lose): the error is the save's message, not an OSError of the report; a full disk with no
+  failed save names the workdir's disk and the step a rerun resumes from; other errors pass."""
+  def state(step):
+    return {"step": jnp.asarray(step), "params": {"w": jnp.full((64, 64), float(step))}}
+
+  async def full_disk(self, item, path):
+    del self, item
+    raise OSError(errno.ENOSPC, "No space left on device", str(path / "metadata"))
+
+  full = OSError(errno.ENOSPC, "No space left on device")
+  directory = tmp_path / "checkpoints"
+  with checkpoint.Checkpoints(directory, save_every_steps=1, keep=1) as checkpoints:
+    checkpoints.save(1, state(1), {"batches": 1})
+    assert train._raise_full_disk(ValueError("not a disk"), checkpoints, tmp_path) is None
+    assert train._raise_full_disk(None, checkpoints, tmp_path) is None
+    with pytest.raises(UserError, match=rf"the disk holding {tmp_path} is full \(No space left "
+                       r"on device\) while writing the run's reports\. .* resumes from step 1"):
+      train._raise_full_disk(full, checkpoints, tmp_path)
+  monkeypatch.setattr(ocp.JsonCheckpointHandler, "_save_fn", full_disk)
+  checkpoints = checkpoint.Checkpoints(directory, save_every_steps=1, keep=1)
+  assert checkpoints.save(2, state(2), {"batches": 2})  # fails in the background
+  with pytest.raises(UserError, match=r"is full \(No space left on device\): the checkpoint of "
+                     r"step 2 .* it resumes from step 1"):
+    train._raise_full_disk(full, checkpoints, tmp_path)
+  checkpoints.close()
+  assert sorted(os.listdir(directory)) == ["1"]

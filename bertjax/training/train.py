@@ -26,10 +26,28 @@ import tqdm
 from etils import epath
 
 from bertjax.errors import UserError
-from bertjax.training import (checkpoint, compile_ahead, divergence, init_params, model_options,
-                              parallel, preemption, reports, steps)
+from bertjax.training import (checkpoint, checkpoint_faults, compile_ahead, divergence,
+                              init_params, model_options, parallel, preemption, reports, steps)
 from bertjax.training import task as task_lib
 from bertjax.workdir import CHECKPOINTS_DIR, CONFIG_FILE
+
+
+def _raise_full_disk(error: BaseException | None, checkpoints: checkpoint.Checkpoints,
+                     workdir: epath.Path) -> None:
+  """Turns `error`, if it is a write to a full disk (metrics.jsonl, TensorBoard, curves.png),
+  into one UserError; other errors pass. A background checkpoint save that filled the disk is
+  the likelier cause, and `checkpoints.wait` then raises its own message (partial save removed,
+  steps kept); otherwise the message names the workdir's disk and the step a rerun resumes from.
+  """
+  if not isinstance(error, OSError) or not checkpoint_faults.is_disk_full(error):
+    return
+  checkpoints.wait()
+  kept = checkpoints.all_steps()
+  resume = f"it resumes from step {kept[-1]}" if kept else "with no checkpoint yet, it starts over"
+  written = error.filename or "the run's reports"
+  raise UserError(f"the disk holding {workdir} is full ({error.strerror}) while writing "
+                  f"{written}. Free space on that disk, then rerun the same command: "
+                  f"{resume}.") from error
 
 
 def restore_or_init(config: ml_collections.ConfigDict, setup: steps.Setup,
@@ -114,6 +132,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, task: ta
     checkpoints = stack.enter_context(checkpoint.Checkpoints(
         workdir / CHECKPOINTS_DIR, save_every_steps=tr.checkpoint_every_steps,
         keep=tr.keep_checkpoints))
+    stack.push(lambda _, error, __: _raise_full_disk(error, checkpoints, workdir))
     setup = steps.compiled_ahead(setup, task, first_batch, executor=executor,
                                  init=checkpoints.latest_step() is None)
     state, position = restore_or_init(config, setup, checkpoints,
