@@ -162,6 +162,19 @@ def make_checked_mesh(config: ml_collections.ConfigDict,
   return mesh
 
 
+def under_mesh(mesh: jax.sharding.Mesh, fn: Callable) -> Callable:
+  """`fn`, traced with `mesh` as the context mesh (`jax.sharding.get_abstract_mesh()` inside
+  it, in whichever thread jit traces it): the model's fused attention kernels read it to run on
+  each device's shard of the batch and the heads (`bertjax.models.attention.attend`)."""
+
+  @functools.wraps(fn)
+  def traced_under_mesh(*args):
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+      return fn(*args)
+
+  return traced_under_mesh
+
+
 def build(config: ml_collections.ConfigDict, task: task_lib.Task, init_batch: task_lib.Batch,
           devices: list[jax.Device] | None = None) -> Setup:
   """Builds the mesh, the state's shardings and the jitted init / train / eval functions;
@@ -190,16 +203,16 @@ def build(config: ml_collections.ConfigDict, task: task_lib.Task, init_batch: ta
       jax.eval_shape(init_state), state_sharding)
   batch_sharding = parallel.batch_sharding(mesh)
   train_step = jax.jit(
-      make_train_step(task, tx, schedule, config.train.grad_accum_steps),
+      under_mesh(mesh, make_train_step(task, tx, schedule, config.train.grad_accum_steps)),
       in_shardings=(state_sharding, batch_sharding),
       out_shardings=(state_sharding, parallel.replicated(mesh)), donate_argnums=0)
   # Replicated outputs: every host gets the metrics and predictions of the whole global batch.
   eval_step, predict_step = (
-      jax.jit(make_eval_step(task, with_terms=with_terms),
+      jax.jit(under_mesh(mesh, make_eval_step(task, with_terms=with_terms)),
               in_shardings=(params_sharding, batch_sharding),
               out_shardings=parallel.replicated(mesh)) for with_terms in (True, False))
   return Setup(mesh=mesh, abstract_state=abstract_state,
-               init_state=jax.jit(init_state, out_shardings=state_sharding),
+               init_state=jax.jit(under_mesh(mesh, init_state), out_shardings=state_sharding),
                train_step=train_step, eval_step=eval_step, predict_step=predict_step)
 
 
