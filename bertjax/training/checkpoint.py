@@ -4,7 +4,8 @@ On-disk layout (orbax-checkpoint `CheckpointManager`, one directory per step; th
 name is `bertjax.workdir.CHECKPOINTS_DIR`, the item names are STATE_ITEM and DATA_ITEM):
 
   WORKDIR/checkpoints/<step>/state/           the train state, a pytree of arrays (orbax OCDBT)
-  WORKDIR/checkpoints/<step>/data_position/   {"data_position": <JSON>} where the data stopped
+  WORKDIR/checkpoints/<step>/data_position/   {"data_position": <JSON>} where the data stopped,
+                                              and "prng_impl": the run's train.prng_impl
 
 The train state is the trainer's plain dict `{'step', 'params', 'opt_state', 'rng'}`; anything
 that is a pytree of arrays can be saved, but `bertjax.training.init_params.load_params` (which
@@ -14,7 +15,8 @@ must keep its parameters under the key 'params' (a nested dict of arrays, as a l
 
 Before anything is restored, every array's shape in the checkpoint is compared with what the
 caller expects; a checkpoint of a different model is a `UserError`, and nothing on disk is
-touched.
+touched. So is one saved with another PRNG (train.prng_impl; checkpoints that predate its
+record were all threefry) than the run resuming it.
 
 Faults (each one line for the user, a `UserError` or a warning, instead of orbax's tracebacks;
 `bertjax.training.checkpoint_faults` recognises them and keeps orbax's echoes off stderr):
@@ -150,7 +152,7 @@ class Checkpoints:
   """
 
   def __init__(self, directory: epath.PathLike, *, save_every_steps: int, keep: int | None,
-               async_save: bool = True):
+               async_save: bool = True, prng_impl: str | None = None):
     """Opens (does not create) `directory`; it is created by the first save.
 
     Args:
@@ -158,6 +160,8 @@ class Checkpoints:
       save_every_steps: `save` writes at steps that are multiples of this (unless forced).
       keep: how many of the latest checkpoints to keep (None: all).
       async_save: write in a background thread (False: `save` returns once written).
+      prng_impl: the run's train.prng_impl (the kind of its state's rng), recorded with each
+        save; restoring a checkpoint saved with another is a UserError. None: neither.
     """
     if save_every_steps < 1:
       raise UserError(f"checkpoint_every_steps={save_every_steps} must be at least 1; set "
@@ -168,6 +172,7 @@ class Checkpoints:
     self.directory = epath.Path(directory)
     self._save_every_steps = save_every_steps
     self._async = async_save
+    self._prng_impl = prng_impl
     self._writing: tuple[int, int] | None = None  # (step, bytes) of a save not yet waited for
     self._closed = False
     checkpoint_faults.install_quiet_failures()
@@ -209,12 +214,13 @@ class Checkpoints:
       return False
     self._finish_writing()
     nbytes = sum(int(getattr(x, "nbytes", 0)) for x in jax.tree.leaves(state))
+    recorded = {"data_position": data_position}
+    if self._prng_impl is not None:
+      recorded["prng_impl"] = self._prng_impl
     try:
       started = self._manager.save(
-          step, force=True,
-          args=ocp.args.Composite(**{
-              STATE_ITEM: ocp.args.StandardSave(state),
-              DATA_ITEM: ocp.args.JsonSave({"data_position": data_position})}))
+          step, force=True, args=ocp.args.Composite(**{
+              STATE_ITEM: ocp.args.StandardSave(state), DATA_ITEM: ocp.args.JsonSave(recorded)}))
     except Exception as e:  # pylint: disable=broad-except
       if not checkpoint_faults.is_disk_full(e):
         raise
@@ -309,13 +315,24 @@ class Checkpoints:
     handler = ocp.StandardCheckpointHandler()
     try:
       with checkpoint_faults.reading():
+        position = ocp.JsonCheckpointHandler().restore(step_dir / DATA_ITEM)
+        self._check_prng_impl(position.get("prng_impl", "threefry"), step)
         self.check_compatible(abstract_state, step)
         restore = ocp.args.StandardRestore(with_default_sharding(abstract_state))
         state = handler.restore(step_dir / STATE_ITEM, args=restore)
-        position = ocp.JsonCheckpointHandler().restore(step_dir / DATA_ITEM)
     finally:
       handler.close()
     return state, position["data_position"]
+
+  def _check_prng_impl(self, saved: str, step: int) -> None:
+    """UserError if the checkpoint at `step` was saved with another train.prng_impl than this
+    run's (`saved`: threefry for those that predate the record)."""
+    if self._prng_impl is not None and saved != self._prng_impl:
+      raise UserError(
+          f"the checkpoint at step {step} in {self.directory} was saved with "
+          f"train.prng_impl={saved}, and this run has train.prng_impl={self._prng_impl}; a run "
+          f"resumes with the PRNG it started with: rerun with --config.train.prng_impl={saved} "
+          "(or use a new --workdir). Nothing was changed.")
 
   def resume(self, abstract_state: Any) -> tuple[Any, Any]:
     """`restore` of the newest checkpoint that reads back whole.

@@ -1,7 +1,7 @@
 """The step machinery: one jitted train step and one eval step over a mesh, and evaluation.
 
 `build` makes a run's `Setup`: the mesh (checked against the batch sizes), the train state's
-shardings and the jitted functions. The train step is pure, `train_step(state, batch) -> (state,
+shardings and the jitted functions; its keys are of the PRNG `config.train.prng_impl` names. The train step is pure, `train_step(state, batch) -> (state,
 metrics)`, with donated state and the dropout key folded from the step; the eval step is one
 forward pass without dropout for a task's metric terms and predictions (`bertjax.training.task`).
 `evaluate` runs it over the held-out batches; `compiled_ahead` compiles the steps for the shapes
@@ -21,6 +21,7 @@ import ml_collections
 import numpy as np
 import optax
 from clu import metrics as clu_metrics
+from jax._src import config as jax_config  # the one flag below has no public context manager
 
 from bertjax.errors import UserError
 from bertjax.models import heads
@@ -29,8 +30,22 @@ from bertjax.training import task as task_lib
 
 Params = Any
 # The train state: a plain dict so that checkpoints are readable without this code.
-#   step [] int32, params (tree), opt_state (optax tree), rng [2] uint32 (dropout base key).
+#   step [] int32, params (tree), opt_state (optax tree), rng uint32 (the dropout base key's
+#   data: [2] for threefry, [4] for rbg and unsafe_rbg; orbax saves raw arrays, not typed keys).
 TrainState = dict[str, Any]
+# train.prng_impl -> jax's name. threefry (jax's default) keeps every result of earlier runs;
+# rbg and unsafe_rbg (maxtext trains with unsafe_rbg) draw through XLA's RngBitGenerator,
+# faster on accelerators; unsafe_rbg's split and fold_in are not guaranteed to be independent.
+PRNG_IMPLS = {"threefry": "threefry2x32", "rbg": "rbg", "unsafe_rbg": "unsafe_rbg"}
+
+
+def prng_impl(train_config: ml_collections.ConfigDict) -> str:
+  """The config's `train.prng_impl` (threefry where a config lacks it), checked."""
+  name = train_config.get("prng_impl", "threefry")
+  if name not in PRNG_IMPLS:
+    raise UserError(f"train.prng_impl={name!r} is not one of {', '.join(PRNG_IMPLS)}; set "
+                    "--config.train.prng_impl to one of them.")
+  return name
 
 
 def make_optimizer(train_config: ml_collections.ConfigDict):
@@ -45,11 +60,13 @@ def make_optimizer(train_config: ml_collections.ConfigDict):
 
 
 def make_train_step(task: task_lib.Task, tx: optax.GradientTransformation,
-                    schedule: optax.Schedule, grad_accum_steps: int = 1):
+                    schedule: optax.Schedule, grad_accum_steps: int = 1,
+                    prng: str = "threefry"):
   """Returns the pure `train_step(state, batch) -> (state, clu Collection of metrics)`.
 
-  The dropout key of a step is folded from the state's rng and the step number, so a resumed run
-  draws the same dropout masks as an uninterrupted one. With `grad_accum_steps` k > 1 the batch
+  The dropout key of a step is folded from the state's rng (key data of the PRNG `prng`, a
+  PRNG_IMPLS name) and the step number, so a resumed run draws the same dropout masks as an
+  uninterrupted one. With `grad_accum_steps` k > 1 the batch
   [B, ...] is split into k micro-batches [B/k, ...] (every k-th row, so each device keeps its
   own rows) whose gradients are summed before one update. Every loss term is divided by its
   weight over the whole batch B, so k micro-batches give exactly the gradient and metrics of
@@ -75,7 +92,8 @@ def make_train_step(task: task_lib.Task, tx: optax.GradientTransformation,
     return loss, task_lib.averages(terms)
 
   def train_step(state: TrainState, batch: task_lib.Batch) -> tuple[TrainState, Any]:
-    rng = jax.random.fold_in(state["rng"], state["step"])
+    rng = jax.random.fold_in(jax.random.wrap_key_data(state["rng"], impl=PRNG_IMPLS[prng]),
+                             state["step"])
     totals = total_weights(state["params"], batch)
     gradient = jax.value_and_grad(objective, has_aux=True)
     if grad_accum_steps == 1:
@@ -138,6 +156,7 @@ class Setup:
   mesh: jax.sharding.Mesh
   abstract_state: TrainState  # ShapeDtypeStructs with .sharding
   init_state: Callable[[], TrainState]
+  compile_init: Callable[[], Callable[[], TrainState]]  # init_state compiled (the fast way)
   train_step: Callable[[TrainState, Any], tuple[TrainState, Any]]
   eval_step: Callable[[Params, Any], tuple[Any, dict]]
   predict_step: Callable[[Params, Any], tuple[Any, dict]]  # eval_step without the terms
@@ -181,7 +200,8 @@ def build(config: ml_collections.ConfigDict, task: task_lib.Task, init_batch: ta
   `init_batch` (a per-host batch) gives the shapes the parameters are initialised with."""
   mesh = make_checked_mesh(config, devices)
   tx, schedule = make_optimizer(config.train)
-  rng = jax.random.PRNGKey(config.seed)
+  prng = prng_impl(config.train)
+  rng = jax.random.key(config.seed, impl=PRNG_IMPLS[prng])
   init_rng, dropout_rng = jax.random.split(rng)
 
   init_params = functools.partial(heads.init_from_batch, task.model)
@@ -196,14 +216,26 @@ def build(config: ml_collections.ConfigDict, task: task_lib.Task, init_batch: ta
   def init_state() -> TrainState:
     params = nn.unbox(init_params(init_rng, init_batch))
     return dict(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-                rng=dropout_rng)
+                rng=jax.random.key_data(dropout_rng))
+
+  jitted_init = jax.jit(under_mesh(mesh, init_state), out_shardings=state_sharding)
+
+  @functools.cache
+  def compile_init() -> Callable[[], TrainState]:
+    # On a GPU, threefry's default lowering unrolls its rounds into every draw, one per
+    # parameter (~284 for BERT-base): the init took 3 min 47 s to compile on an H100. The kernel
+    # lowering calls one CUDA kernel per draw instead and compiled fast on an H200; it draws the
+    # same bits, and changes nothing on CPU or TPU (nor for rbg). Only the init, which runs
+    # once, is lowered so: the train step keeps XLA's fused dropout draws.
+    with jax_config.threefry_gpu_kernel_lowering(True):
+      return jitted_init.lower().compile()
 
   abstract_state = jax.tree.map(
       lambda shape, sharding: jax.ShapeDtypeStruct(shape.shape, shape.dtype, sharding=sharding),
       jax.eval_shape(init_state), state_sharding)
   batch_sharding = parallel.batch_sharding(mesh)
   train_step = jax.jit(
-      under_mesh(mesh, make_train_step(task, tx, schedule, config.train.grad_accum_steps)),
+      under_mesh(mesh, make_train_step(task, tx, schedule, config.train.grad_accum_steps, prng)),
       in_shardings=(state_sharding, batch_sharding),
       out_shardings=(state_sharding, parallel.replicated(mesh)), donate_argnums=0)
   # Replicated outputs: every host gets the metrics and predictions of the whole global batch.
@@ -212,7 +244,7 @@ def build(config: ml_collections.ConfigDict, task: task_lib.Task, init_batch: ta
               in_shardings=(params_sharding, batch_sharding),
               out_shardings=parallel.replicated(mesh)) for with_terms in (True, False))
   return Setup(mesh=mesh, abstract_state=abstract_state,
-               init_state=jax.jit(under_mesh(mesh, init_state), out_shardings=state_sharding),
+               init_state=lambda: compile_init()(), compile_init=compile_init,
                train_step=train_step, eval_step=eval_step, predict_step=predict_step)
 
 
@@ -260,7 +292,7 @@ def compiled_ahead(setup: Setup, task: task_lib.Task, first_batch: task_lib.Batc
   side by side, for `first_batch`'s shape and those of `task.batches.samples`
   (`bertjax.training.compile_ahead`); first what the run needs first."""
   if init:
-    compiled_init = executor.submit(lambda: setup.init_state.lower().compile())
+    compiled_init = executor.submit(setup.compile_init)
     setup = dataclasses.replace(setup, init_state=lambda: compiled_init.result()())
   train_step = compile_ahead.PerShape(setup.train_step, setup.abstract_state, setup.mesh,
                                       executor)

@@ -131,7 +131,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, task: ta
     # On an error, its background writes are waited for before the error leaves (abandon).
     checkpoints = stack.enter_context(checkpoint.Checkpoints(
         workdir / CHECKPOINTS_DIR, save_every_steps=tr.checkpoint_every_steps,
-        keep=tr.keep_checkpoints))
+        keep=tr.keep_checkpoints, prng_impl=steps.prng_impl(tr)))
     stack.push(lambda _, error, __: _raise_full_disk(error, checkpoints, workdir))
     setup = steps.compiled_ahead(setup, task, first_batch, executor=executor,
                                  init=checkpoints.latest_step() is None)
