@@ -42,6 +42,8 @@ def get_config(arg=None):
   config.train.warmup_steps = -1  # set from warmup_proportion
   config.train.stop_after_steps = -1  # stop (with a checkpoint) here; rerun to go on (-1: the end)
   config.train.learning_rate = 2e-5  # peak, then linear decay to 0
+  config.train.lr_decay_power = 1.0  # decay after warmup as (1 - progress) ** power: 1.0 is
+  # the paper's linear decay, 0.5 NVIDIA's with LAMB (see README)
   config.train.optimizer = "adamw"  # adamw (the paper) or lamb
   config.train.weight_decay = 0.01  # AdamW decay, off LayerNorm and biases
   config.train.frozen_params = ""  # top-level parameter groups never changed (no update, no

@@ -84,6 +84,8 @@ def get_config(arg=None):
   config.train.long_seq_from_step = 0  # first step at data.long_seq_length (if set)
   config.train.stop_after_steps = -1  # stop (with a checkpoint) here; rerun to go on (-1: the end)
   config.train.warmup_steps = 200  # linear warmup, then linear decay to 0
+  config.train.lr_decay_power = 1.0  # decay after warmup as (1 - progress) ** power: 1.0 is
+  # the paper's linear decay, 0.5 NVIDIA's with LAMB (see README)
   config.train.learning_rate = 2e-3  # peak; a tiny model takes a far larger rate than base
   config.train.optimizer = "adamw"  # adamw (the paper) or lamb (large batches; see README)
   config.train.weight_decay = 0.01  # AdamW decay, off LayerNorm and biases

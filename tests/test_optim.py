@@ -24,6 +24,16 @@ def test_schedule_values(step, expected):
   np.testing.assert_allclose(float(schedule(step)), expected, rtol=1e-6, atol=1e-12)
 
 
+def test_schedule_decays_with_a_power():
+  """NVIDIA's LAMB recipe decays as (1 - progress) ** 0.5 after warmup; power 1 is the line."""
+  schedule = optim.learning_rate_schedule(1e-3, warmup_steps=10, total_steps=110, power=0.5)
+  np.testing.assert_allclose([float(schedule(s)) for s in (5, 10, 35, 60, 85, 110, 150)],
+                             [5e-4, 1e-3, 1e-3 * 0.75**0.5, 1e-3 * 0.5**0.5, 5e-4, 0.0, 0.0],
+                             rtol=1e-6, atol=1e-12)
+  with pytest.raises(UserError, match="--config.train.lr_decay_power"):
+    optim.learning_rate_schedule(1e-3, 10, 110, power=0.0)
+
+
 def test_schedule_without_warmup_starts_at_peak():
   schedule = optim.learning_rate_schedule(2.0, warmup_steps=0, total_steps=4)
   np.testing.assert_allclose([float(schedule(s)) for s in range(5)], [2.0, 1.5, 1.0, 0.5, 0.0])
@@ -143,35 +153,72 @@ def test_clipping_by_global_norm():
   assert not np.allclose(not_clipped["dense"]["kernel"], got["dense"]["kernel"], atol=1e-4)
 
 
-def test_lamb_matches_hand_written_update():
-  # LAMB (You et al. 2020): Adam's step plus the decoupled decay, scaled per parameter by the
-  # trust ratio ||w|| / ||step|| (1 where either norm is 0), as NVIDIA's BERT pretrains with.
-  lr, wd, b1, b2, eps = 1e-2, 0.1, 0.9, 0.999, 1e-6
-  tx, _ = optim.make_optimizer(learning_rate=lr, num_train_steps=10, warmup_steps=0,
-                               weight_decay=wd, clip_norm=None, optimizer="lamb")
-  grads_list = [_grads(i) for i in range(3)]
-  got = _run(tx, grads_list)
+def _fused_lamb_by_hand(grads_list, *, lr, wd, warmup, total, power, clip, b1=0.9, b2=0.999,
+                        eps=1e-6):
+  """apex's FusedLAMB (use_nvlamb=False, as NVIDIA's BERT runs it) in numpy, float64, on
+  `_tiny_params()`: clip by global norm; bias-corrected Adam moments; u = m_hat / (sqrt(v_hat)
+  + eps) + wd * p; the trust ratio ||p|| / ||u|| only where p decays (1 where a norm is 0);
+  p -= rate * ratio * u, the rate warmed up over `warmup` updates then decayed with `power`."""
   params = jax.tree.map(lambda p: np.asarray(p, np.float64), _tiny_params())
-  decay = {"dense": {"kernel": True, "bias": False},
-           "layer_norm": {"scale": False, "bias": False}}
+  decays = {"dense": {"kernel": True, "bias": False},
+            "layer_norm": {"scale": False, "bias": False}}
   m = jax.tree.map(np.zeros_like, params)
   v = jax.tree.map(np.zeros_like, params)
   for t, grads in enumerate(grads_list, start=1):
-    rate = lr * (1 - (t - 1) / 10)
+    n = t - 1  # the schedule's step: updates before this one
+    rate = lr * n / warmup if n < warmup else lr * (1 - (n - warmup) / (total - warmup)) ** power
+    grads = jax.tree.map(lambda g: np.asarray(g, np.float64), grads)
+    norm = np.sqrt(sum(np.sum(g * g) for g in jax.tree.leaves(grads)))
     for module in params:
       for name, p in params[module].items():
-        g = np.asarray(grads[module][name], np.float64)
+        g = grads[module][name] / max(norm / clip, 1.0)
         m[module][name] = b1 * m[module][name] + (1 - b1) * g
         v[module][name] = b2 * v[module][name] + (1 - b2) * g * g
-        step = (m[module][name] / (1 - b1**t)) / (np.sqrt(v[module][name] / (1 - b2**t)) + eps)
-        step = step + (wd * p if decay[module][name] else 0.0)
-        w_norm, s_norm = np.linalg.norm(p), np.linalg.norm(step)
-        trust = w_norm / s_norm if w_norm > 0 and s_norm > 0 else 1.0
-        params[module][name] = p - rate * trust * step
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), got, params)
-  adamw, _ = optim.make_optimizer(learning_rate=lr, num_train_steps=10, warmup_steps=0,
-                                  weight_decay=wd, clip_norm=None)
-  assert not np.allclose(_run(adamw, grads_list)["dense"]["kernel"], got["dense"]["kernel"])
+        u = (m[module][name] / (1 - b1**t)) / (np.sqrt(v[module][name] / (1 - b2**t)) + eps)
+        ratio = 1.0
+        if decays[module][name] and wd != 0:
+          u = u + wd * p
+          p_norm, u_norm = np.linalg.norm(p), np.linalg.norm(u)
+          ratio = p_norm / u_norm if p_norm > 0 and u_norm > 0 else 1.0
+        params[module][name] = p - rate * ratio * u
+  return params
+
+
+@pytest.mark.parametrize("wd", [0.1, 0.0])
+def test_lamb_matches_nvidia_fused_lamb_by_hand(wd):
+  """Three LAMB updates (warmup 1, power 0.5 decay, the first gradient clipped) against apex's
+  FusedLAMB written out in numpy: the trust ratio scales the kernel only, not the bias or the
+  LayerNorm parameters (and nothing at weight decay 0)."""
+  lr, total = 1e-2, 4
+  big = _grads(0)
+  grads_list = [jax.tree.map(lambda g: g * 5.0 / optax.global_norm(big), big),  # clipped to 1
+                _grads(1, scale=0.1), _grads(2, scale=0.1)]
+  tx, schedule = optim.make_optimizer(learning_rate=lr, num_train_steps=total, warmup_steps=1,
+                                      weight_decay=wd, optimizer="lamb", lr_decay_power=0.5)
+  np.testing.assert_allclose([float(schedule(n)) for n in range(5)],
+                             [0.0, lr, lr * (2 / 3)**0.5, lr * (1 / 3)**0.5, 0.0], rtol=1e-6)
+  got = _run(tx, grads_list)
+  by_hand = _fused_lamb_by_hand(grads_list, lr=lr, wd=wd, warmup=1, total=total, power=0.5,
+                                clip=1.0)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), got, by_hand)
+  # optax.lamb (the trust ratio on every parameter) ends elsewhere on the bias and LayerNorm.
+  everywhere = optax.chain(optax.clip_by_global_norm(1.0),
+                           optax.lamb(schedule, b1=0.9, b2=0.999, eps=1e-6, weight_decay=wd,
+                                      mask=optim.weight_decay_mask))
+  other = _run(everywhere, grads_list)
+  for module, name in (("dense", "bias"), ("layer_norm", "scale"), ("layer_norm", "bias")):
+    assert not np.allclose(other[module][name], got[module][name], atol=1e-4), (module, name)
+
+
+def test_lamb_state_is_that_of_optax_lamb():
+  """A LAMB checkpoint of an earlier bertjax (optax.lamb) resumes: orbax restores by the state's
+  tree, empty nodes included, and the tree is the same."""
+  ours, _ = optim.make_optimizer(num_train_steps=10, warmup_steps=0, clip_norm=None,
+                                 optimizer="lamb")
+  earlier = optax.lamb(optim.learning_rate_schedule(1e-3, 0, 10), eps=1e-6, weight_decay=0.01,
+                       mask=optim.weight_decay_mask)
+  assert (jax.tree.structure(ours.init(_tiny_params()))
+          == jax.tree.structure(earlier.init(_tiny_params())))
 
 
 def test_unknown_optimizer_is_refused():

@@ -1,5 +1,5 @@
-"""The optimizer of BERT: AdamW (or LAMB) with linear warmup + linear decay, a weight-decay mask,
-gradient clipping by global norm, all from optax.
+"""The optimizer of BERT: AdamW (or LAMB) with linear warmup + linear (or polynomial) decay, a
+weight-decay mask, gradient clipping by global norm, all from optax.
 
 The recipe (Devlin et al. 2019, section A.2; google-research/bert `optimization.py`): Adam with
 b1=0.9, b2=0.999, eps=1e-6, decoupled L2 weight decay 0.01 on everything but biases and LayerNorm
@@ -13,9 +13,15 @@ Two deliberate differences from the original TF code, both the common modern rea
   continuous line); the TF code decayed from step 0, so the rate just after warmup was
   `peak * (1 - warmup / total)`.
 
-LAMB (You et al. 2020, `optax.lamb`) is the large-batch alternative NVIDIA's and the MLPerf BERT
-entries pretrain with: Adam's update rescaled per parameter by ||w|| / ||update||, with the same
-weight-decay mask, schedule and clipping here. Its settings are in the README.
+LAMB (You et al. 2020) is the large-batch alternative NVIDIA's and the MLPerf BERT entries
+pretrain with, here as NVIDIA's BERT recipe runs it (apex FusedLAMB with use_nvlamb=False): Adam's
+bias-corrected step plus the decoupled decay, rescaled per parameter by the trust ratio
+||w|| / ||update|| only where weight decay applies (1 for biases and LayerNorm parameters, and
+everywhere when weight_decay is 0; 1 also where either norm is 0); the gradients clipped by global
+norm first, as FusedLAMB does. `optax.lamb` would scale every parameter. NVIDIA decays the rate
+as (1 - progress)^0.5 after warmup (its PolyWarmUpScheduler): `lr_decay_power=0.5` here, where
+the decay runs from the peak at warmup_steps (as above), not from step 0. Its settings are in the
+README.
 
 Frozen parameters (`frozen`, from train.frozen_params; the feature-based approach freezes 'bert'):
 their gradients are set to zero first (`optax.masked(optax.set_to_zero(), ...)`), so the clipping
@@ -45,13 +51,16 @@ _NO_DECAY_LEAF_NAMES = ("scale",)
 _NO_DECAY_MODULE_SUBSTRINGS = ("layer_norm", "layernorm")
 
 
-def learning_rate_schedule(peak: float, warmup_steps: int, total_steps: int) -> optax.Schedule:
-  """BERT's schedule: 0 -> `peak` linearly over `warmup_steps`, then `peak` -> 0 at `total_steps`.
+def learning_rate_schedule(peak: float, warmup_steps: int, total_steps: int,
+                           power: float = 1.0) -> optax.Schedule:
+  """BERT's schedule: 0 -> `peak` linearly over `warmup_steps`, then `peak` -> 0 at `total_steps`,
+  as `peak * (1 - (step - warmup_steps) / (total_steps - warmup_steps)) ** power`.
 
   Args:
     peak: the learning rate reached at step `warmup_steps`.
     warmup_steps: steps of linear warmup (0: start at the peak).
     total_steps: the step at which the rate reaches 0 (and stays there).
+    power: of the decay; 1.0 is BERT's linear decay, 0.5 NVIDIA's LAMB recipe.
   Returns:
     step (int scalar, counted in optimizer updates) -> learning rate (float32 scalar).
   """
@@ -63,8 +72,12 @@ def learning_rate_schedule(peak: float, warmup_steps: int, total_steps: int) -> 
                     f"{total_steps}]; set --config.train.warmup_steps (BERT used 1% of the run).")
   if peak <= 0:
     raise UserError(f"learning_rate={peak} must be positive; set --config.train.learning_rate.")
-  # linear_schedule with 0 transition steps is a constant; join only the pieces that exist.
-  decay = optax.linear_schedule(peak, 0.0, max(total_steps - warmup_steps, 1))
+  if not power > 0:
+    raise UserError(f"lr_decay_power={power} must be positive; set --config.train.lr_decay_power "
+                    "(1.0: BERT's linear decay, 0.5: NVIDIA's LAMB recipe).")
+  # A schedule with 0 transition steps is a constant; join only the pieces that exist. At power 1
+  # polynomial_schedule is optax's linear_schedule.
+  decay = optax.polynomial_schedule(peak, 0.0, power, max(total_steps - warmup_steps, 1))
   if warmup_steps == 0:
     return decay
   warmup = optax.linear_schedule(0.0, peak, warmup_steps)
@@ -131,12 +144,55 @@ def frozen_mask(frozen: Sequence[str]):
   return mask
 
 
+def scale_by_trust_ratio_where(mask: Any) -> optax.GradientTransformation:
+  """`optax.scale_by_trust_ratio` (u * ||p|| / ||u||, 1 where a norm is 0) on the leaves that
+  `mask(updates)` marks True; the others pass unchanged.
+
+  Its state is optax's EmptyState, as `optax.lamb`'s trust ratio has (`optax.masked` would save
+  a MaskedState, which orbax does not restore from a checkpoint of the unmasked one).
+  """
+  trust = optax.scale_by_trust_ratio()
+
+  def update(updates, state, params=None):
+    scaled, state = trust.update(updates, state, params)
+    return jax.tree.map(lambda m, s, u: s if m else u, mask(updates), scaled, updates), state
+
+  return optax.GradientTransformation(optax.init_empty_state, update)
+
+
+def lamb(learning_rate: optax.ScalarOrSchedule, *, b1: float, b2: float, eps: float,
+         weight_decay: float, mask: Any) -> optax.GradientTransformation:
+  """LAMB as apex's FusedLAMB (use_nvlamb=False) runs it for NVIDIA's BERT (module docstring),
+  without the clipping (`make_optimizer` adds it).
+
+  Per parameter p (a whole array) with gradient g at update t (1-based):
+    m, v = Adam's moments of g;  u = (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps) + wd * p
+    p -= lr * r * u,  r = ||p|| / ||u|| if p decays (`mask`), weight_decay != 0 and both norms
+    are > 0; else r = 1 (u then lacks the wd * p term where p does not decay).
+
+  Args:
+    learning_rate: a rate or a schedule of the update count.
+    b1, b2, eps: Adam's (eps outside the square root).
+    weight_decay: decoupled weight decay wd.
+    mask: params -> tree of bools, True where p decays.
+  Returns:
+    the transformation; its state is optax.lamb's, so checkpoints of either resume with the other.
+  """
+  trusted = mask if weight_decay else (lambda params: jax.tree.map(lambda _: False, params))
+  return optax.chain(
+      optax.scale_by_adam(b1=b1, b2=b2, eps=eps),
+      optax.add_decayed_weights(weight_decay, mask),
+      scale_by_trust_ratio_where(trusted),
+      optax.scale_by_learning_rate(learning_rate))
+
+
 def make_optimizer(*, learning_rate: float = 1e-4, num_train_steps: int, warmup_steps: int,
                    b1: float = 0.9, b2: float = 0.999, eps: float = 1e-6,
                    weight_decay: float = 0.01, clip_norm: float | None = 1.0,
-                   optimizer: str = "adamw", frozen: Sequence[str] = ()
+                   optimizer: str = "adamw", frozen: Sequence[str] = (),
+                   lr_decay_power: float = 1.0
                    ) -> tuple[optax.GradientTransformation, optax.Schedule]:
-  """BERT's optimizer: clip by global norm, then AdamW (or LAMB) with the warmup + linear-decay
+  """BERT's optimizer: clip by global norm, then AdamW (or LAMB) with the warmup + decay
   schedule.
 
   Gradient accumulation is not here: the train step (`bertjax.training.steps.make_train_step`)
@@ -149,17 +205,19 @@ def make_optimizer(*, learning_rate: float = 1e-4, num_train_steps: int, warmup_
     b1, b2, eps: Adam's decay rates and epsilon (added outside the square root).
     weight_decay: decoupled weight decay (times the learning rate), on `weight_decay_mask`.
     clip_norm: clip gradients to this global norm; None or 0 turns clipping off.
-    optimizer: "adamw" or "lamb" (the same arguments; LAMB adds the layer-wise trust ratio).
+    optimizer: "adamw" or "lamb" (the same arguments; LAMB adds the layer-wise trust ratio on
+      the decayed parameters, `lamb`).
     frozen: top-level parameter groups (e.g. "bert") that never change (module docstring).
       A name the parameters lack raises UserError at tx.init.
+    lr_decay_power: the power of the decay after warmup (`learning_rate_schedule`).
   Returns:
     (tx, schedule): `schedule(n)` is the learning rate of the n-th update (0-based), the n-th
     training step.
   """
   if optimizer not in OPTIMIZERS:
     raise UserError(f"train.optimizer={optimizer!r}; use one of {', '.join(OPTIMIZERS)}.")
-  schedule = learning_rate_schedule(learning_rate, warmup_steps, num_train_steps)
-  make = optax.adamw if optimizer == "adamw" else optax.lamb
+  schedule = learning_rate_schedule(learning_rate, warmup_steps, num_train_steps, lr_decay_power)
+  make = optax.adamw if optimizer == "adamw" else lamb
   decay_mask = weight_decay_mask
   if frozen:
     is_frozen = frozen_mask(tuple(frozen))
