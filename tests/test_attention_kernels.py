@@ -4,7 +4,8 @@ packed; the cuDNN kernel itself on a GPU; the packed block-diagonal mask; and th
 
 The cudnn path's arguments run here with jax's 'xla' implementation, and the splash kernel runs
 in the Pallas interpreter, so both are checked without a GPU or a TPU; only
-test_cudnn_kernel_honours_lengths_and_the_packed_mask_on_a_gpu needs a GPU (skipped without one).
+test_cudnn_kernel_honours_lengths_and_the_packed_mask_on_a_gpu needs a GPU (skipped without one);
+tests/test_attention_shards.py runs the kernels per shard on a mesh.
 """
 import jax
 import jax.numpy as jnp
@@ -53,8 +54,12 @@ def test_dot_product_attention_kwargs_give_the_reference_attention():
 def test_cudnn_kernel_honours_lengths_and_the_packed_mask_on_a_gpu():
   """On a GPU: the cuDNN kernel with the cudnn path's arguments, bfloat16, gives the reference
   attention (float32 on the same inputs) and its gradients at real tokens, padded and packed; a
-  kernel that attended across packed sequences or into the padding would be off by O(1)."""
+  kernel that attended across packed sequences or into the padding would be off by O(1). The
+  same through `attention.per_shard` (jax.shard_map) on a mesh of one GPU, as steps.build
+  traces it (more GPUs are not checked here)."""
   shape = (3, 128, 2, 64)
+  one_gpu = jax.make_mesh((1, 1, 1), ("data", "fsdp", "tensor"), devices=jax.devices()[:1],
+                          axis_types=(jax.sharding.AxisType.Auto,) * 3)
   q, k, v = (jax.random.normal(jax.random.key(i), shape, jnp.bfloat16) for i in range(3))
   lengths = np.array([100, 128, 37])
   input_mask = (np.arange(128) < lengths[:, None]).astype(np.int32)
@@ -67,9 +72,13 @@ def test_cudnn_kernel_honours_lengths_and_the_packed_mask_on_a_gpu():
     real = np.asarray(mask.input_mask, bool)
     weights = jax.random.normal(jax.random.key(9), shape) * real[:, :, None, None]
 
-    def cudnn(q, k, v):
+    def cudnn(q, k, v, mask=mask):
       return jax.nn.dot_product_attention(q, k, v, implementation="cudnn",
                                           **attention.dot_product_attention_kwargs(mask, "cudnn"))
+
+    def cudnn_per_shard(q, k, v):
+      with jax.sharding.use_abstract_mesh(one_gpu.abstract_mesh):
+        return attention.per_shard(cudnn, q, k, v, mask)
 
     def reference(q, k, v):
       f32 = lambda x: x.astype(jnp.float32)
@@ -80,12 +89,13 @@ def test_cudnn_kernel_honours_lengths_and_the_packed_mask_on_a_gpu():
       return out.astype(jnp.float32), [g.astype(jnp.float32) for g in vjp(
           weights.astype(out.dtype))]
 
-    (out, grads), (expected, expected_grads) = jax.jit(
-        lambda: (outputs_and_grads(cudnn), outputs_and_grads(reference)))()
-    assert_close(np.asarray(out)[real], np.asarray(expected)[real], 2e-2, name)
-    for g, e in zip(grads, expected_grads):
-      g, e = np.asarray(g), np.asarray(e)
-      assert_close(g[real], e[real], 5e-2, name)
+    for kernel in (cudnn, cudnn_per_shard):
+      (out, grads), (expected, expected_grads) = jax.jit(
+          lambda: (outputs_and_grads(kernel), outputs_and_grads(reference)))()
+      assert_close(np.asarray(out)[real], np.asarray(expected)[real], 2e-2, name)
+      for g, e in zip(grads, expected_grads):
+        g, e = np.asarray(g), np.asarray(e)
+        assert_close(g[real], e[real], 5e-2, name)
 
 
 def test_packed_attention_mask_exact():

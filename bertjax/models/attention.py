@@ -9,6 +9,8 @@ The paths: 'reference' is the paper's einsum with dropout on the attention proba
 (`reference_attention`); 'xla' and 'cudnn' call jax.nn.dot_product_attention
 (`dot_product_attention_kwargs` says which mask arguments each gets); 'splash' is the Pallas TPU
 kernel (`splash_attention`). They agree at every real token (tests/test_attention_*.py).
+On a mesh of several devices the fused kernels ('cudnn', 'splash': custom calls, which XLA
+cannot split) run per shard in `jax.shard_map` over the batch and the heads (`per_shard`).
 A causal model (`BertConfig.causal`, the paper's left-to-right ablation) hides later keys on
 every path: the dense mask is lower-triangular, cuDNN unpacked gets is_causal, splash its
 CausalMask (tests/test_ablations_causal.py).
@@ -20,11 +22,13 @@ key lengths, or segment ids).
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
 from bertjax.models.config import BertConfig
 
@@ -100,6 +104,11 @@ class AttentionMask(NamedTuple):
     return ids.astype(jnp.int32)
 
 
+# Splash attention's sequence lengths are multiples of this: its key blocks are whole multiples
+# of the TPU's 128 lanes (splash_attention_kernel.py: "bkv_compute must be a multiple of 128").
+SPLASH_MULTIPLE = 128
+
+
 def _cudnn_fits(config: BertConfig, seq_len: int | None) -> bool:
   """Whether cuDNN flash attention takes this model's shapes: fp16/bf16 inputs, head_dim a
   multiple of 8 and at most 128 (256 from Hopper on; 128 is safe everywhere), and an even
@@ -134,7 +143,7 @@ def resolve_attention(config: BertConfig, backend: str | None = None,
     if config.attention_dropout_rate > 0:
       return "reference"
     if backend == "tpu":
-      return "splash" if seq_len is None or seq_len % 128 == 0 else "xla"
+      return "splash" if seq_len is None or seq_len % SPLASH_MULTIPLE == 0 else "xla"
     if backend == "gpu":
       return "cudnn" if _cudnn_fits(config, seq_len) else "xla"
     return "xla"
@@ -142,7 +151,7 @@ def resolve_attention(config: BertConfig, backend: str | None = None,
     if backend != "tpu":
       raise ValueError(f"splash attention needs a TPU, and this backend is {backend!r}; use "
                        "attention=auto (or xla).")
-    if seq_len is not None and seq_len % 128:
+    if seq_len is not None and seq_len % SPLASH_MULTIPLE:
       raise ValueError(f"splash attention needs a sequence length that is a multiple of 128, "
                        f"got {seq_len}; pad the sequences to a multiple of 128 or use "
                        "attention=auto (which takes xla there).")
@@ -234,10 +243,57 @@ def attend(query: jax.Array, key: jax.Array, value: jax.Array, mask: AttentionMa
     return reference_attention(query, key, value, mask.dense(config.causal), config,
                                dropout=dropout)
   if implementation == "splash":
-    return splash_attention(query, key, value, mask, causal=config.causal)
-  return jax.nn.dot_product_attention(  # [batch, seq, heads, head_dim] in and out
-      query, key, value, implementation=implementation,
-      **dot_product_attention_kwargs(mask, implementation, config.causal))
+    return per_shard(functools.partial(splash_attention, causal=config.causal),
+                     query, key, value, mask)
+
+  def dot_product_attention(query, key, value, mask):  # [batch, seq, heads, head_dim] in and out
+    return jax.nn.dot_product_attention(
+        query, key, value, implementation=implementation,
+        **dot_product_attention_kwargs(mask, implementation, config.causal))
+
+  if implementation == "cudnn":  # a custom call, which XLA cannot split
+    return per_shard(dot_product_attention, query, key, value, mask)
+  return dot_product_attention(query, key, value, mask)  # plain HLO, which XLA splits itself
+
+
+# The mesh axes the batch and the heads are split over (bertjax.training.parallel's
+# LOGICAL_RULES: 'batch' over data x fsdp, 'heads' over tensor).
+BATCH_AXES, HEADS_AXES = ("data", "fsdp"), ("tensor",)
+
+
+def per_shard(kernel: Callable[..., jax.Array], query: jax.Array, key: jax.Array,
+              value: jax.Array, mask: AttentionMask) -> jax.Array:
+  """`kernel(query, key, value, mask)` run by each device on its own rows and heads.
+
+  A fused kernel is a custom call that XLA's partitioner cannot split: on a mesh of several
+  devices it would gather the whole query, key and value onto every device (or fail). Under a
+  context mesh (`jax.sharding.get_abstract_mesh()`, which `bertjax.training.steps` sets while
+  the steps are traced), the kernel runs in `jax.shard_map` on each device's block: the batch
+  split over BATCH_AXES, the heads over HEADS_AXES, the mask's rows as the batch's. An axis
+  the mesh lacks, or that does not divide its dimension, is not split (the kernel then repeats
+  that work on each of its devices). Without a context mesh (a call outside the steps, one
+  device) the kernel is called as it is.
+
+  Args:
+    kernel: (query, key, value, mask) -> the attention output, for any batch and head count.
+    query, key, value: [batch, seq, heads, head_dim].
+    mask: the batch's AttentionMask ([batch, seq] arrays).
+  Returns:
+    [batch, seq, heads, head_dim], the kernel's output.
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return kernel(query, key, value, mask)
+
+  def split(size: int, axes: tuple[str, ...]) -> tuple[str, ...] | None:
+    axes = tuple(a for a in axes if a in mesh.axis_names)
+    return axes if axes and size % math.prod(mesh.shape[a] for a in axes) == 0 else None
+
+  batch, heads = split(query.shape[0], BATCH_AXES), split(query.shape[2], HEADS_AXES)
+  spec = P(batch, None, heads, None)  # [batch, seq, heads, head_dim]
+  # check_vma=False: a Pallas kernel's outputs do not say how they vary over the mesh.
+  return jax.shard_map(kernel, mesh=mesh, in_specs=(spec, spec, spec, P(batch, None)),
+                       out_specs=spec, check_vma=False)(query, key, value, mask)
 
 
 def splash_attention(query: jax.Array, key: jax.Array, value: jax.Array, mask: AttentionMask, *,
@@ -245,7 +301,9 @@ def splash_attention(query: jax.Array, key: jax.Array, value: jax.Array, mask: A
   """Multi-head attention by the Pallas splash-attention kernel (TPU), block-diagonal by segment.
 
   The kernel takes one example's [heads, seq, head_dim] and does not scale the logits, so the
-  query is scaled by 1/sqrt(head_dim) here and the kernel is vmapped over the batch. Its mask is
+  query is scaled by 1/sqrt(head_dim) here and the kernel is vmapped over the batch. It is made
+  for the arrays it is given: `attend` calls this per shard (`per_shard`), so on a mesh it is
+  made for one device's rows and heads. Its mask is
   full (or, causal, the kernel's CausalMask, which also skips the blocks above the diagonal);
   which sequence a query may attend comes from SegmentIds (`AttentionMask.segment_ids`), which
   the kernel applies in every block.
@@ -261,7 +319,7 @@ def splash_attention(query: jax.Array, key: jax.Array, value: jax.Array, mask: A
   from jax.experimental.pallas.ops.tpu import splash_attention as splash  # TPU-only kernel
 
   batch, seq, heads, head_dim = query.shape
-  if seq % 128:
+  if seq % SPLASH_MULTIPLE:
     raise ValueError(f"splash attention needs a sequence length that is a multiple of 128, got "
                      f"{seq}; pad the sequences to a multiple of 128 or use attention=auto.")
   block = next(b for b in (512, 256, 128) if seq % b == 0)  # the largest tile that divides seq
