@@ -28,7 +28,8 @@ batch is cut to the smallest bucket that holds the longest example of its global
 (`bertjax.data.pipeline`); the jitted steps compile once per bucket used (a batch's longest
 example varies little, so a run uses two or three). "auto" (the default) is every multiple of 32
 up to max_seq_length (`auto_buckets`); "32,64,128" names them (max_seq_length is always added);
-"" pads every batch to max_seq_length. Only a spec whose loss and predictions
+"" pads every batch to max_seq_length. With model.attention=splash, every bucket is rounded up
+to a multiple of 128, as splash needs. Only a spec whose loss and predictions
 ignore padding (`Spec.padding_invariant`: GLUE, NER, SWAG) is cut, so per-example outputs are
 those of full padding; SQuAD keeps max_seq_length (run_squad's softmax spans the padding too).
 
@@ -57,6 +58,7 @@ from bertjax.training import compile_ahead, model_options, parallel, steps, trai
 from bertjax.training import task as task_lib
 from bertjax.data.pipeline import FeatureBatches
 from bertjax.errors import UserError
+from bertjax.models import attention
 from bertjax.models.config import BertConfig
 
 Features = Mapping[str, np.ndarray]  # {key: [N, ...]}, every key with the same N
@@ -193,7 +195,8 @@ def length_buckets(config: ml_collections.ConfigDict, examples_a_row: int = 0
                    ) -> tuple[int, ...]:
   """The bucket lengths data.length_buckets asks for, ascending and ending in the longest row:
   max_seq_length, or max_seq_length * examples_a_row packed (module docstring); () for ""
-  (every batch at that longest length).
+  (every batch at that longest length). With model.attention=splash each is rounded up to a
+  multiple of `attention.SPLASH_MULTIPLE` (128: 32, 64, 96, 128 -> 128).
 
   Raises:
     UserError: a value that is not "auto", "" or comma-separated lengths from 1 to the longest.
@@ -203,17 +206,21 @@ def length_buckets(config: ml_collections.ConfigDict, examples_a_row: int = 0
   if not value:
     return ()
   if value == "auto":
-    return auto_buckets(longest)
-  try:
-    lengths = {int(part) for part in value.split(",") if part.strip()}
-  except ValueError:
-    lengths = set()
-  if not lengths or not all(1 <= n <= longest for n in lengths):
-    row = (f"data.max_seq_length={config.data.max_seq_length} x data.packing={examples_a_row}"
-           if examples_a_row else f"data.max_seq_length={longest}")
-    raise UserError(f"data.length_buckets={value!r}; give comma-separated sequence lengths "
-                    f"from 1 to {row} (e.g. {longest // 4},{longest // 2},{longest}), \"auto\" "
-                    "or \"\" (no buckets: every batch padded to the longest).")
+    lengths = set(auto_buckets(longest))
+  else:
+    try:
+      lengths = {int(part) for part in value.split(",") if part.strip()}
+    except ValueError:
+      lengths = set()
+    if not lengths or not all(1 <= n <= longest for n in lengths):
+      row = (f"data.max_seq_length={config.data.max_seq_length} x data.packing={examples_a_row}"
+             if examples_a_row else f"data.max_seq_length={longest}")
+      raise UserError(f"data.length_buckets={value!r}; give comma-separated sequence lengths "
+                      f"from 1 to {row} (e.g. {longest // 4},{longest // 2},{longest}), "
+                      "\"auto\" or \"\" (no buckets: every batch padded to the longest).")
+  if config.model.get("attention") == "splash":  # the lengths splash runs at
+    multiple = attention.SPLASH_MULTIPLE
+    lengths = {min(math.ceil(n / multiple) * multiple, longest) for n in lengths}
   return tuple(sorted(lengths | {longest}))
 
 
