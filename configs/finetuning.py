@@ -54,7 +54,7 @@ def get_config(arg=None):
   config.train.clip_norm = 1.0  # clip gradients by global norm
   config.train.grad_accum_steps = 1  # micro-batches per update (batch_size is split into them)
   config.train.prng_impl = "threefry"  # random keys (init, dropout): threefry (jax's default),
-  # rbg or unsafe_rbg (faster draws on GPU/TPU, other numbers); a resumed run keeps its own
+  # rbg or unsafe_rbg (XLA's RngBitGenerator: other numbers); a resumed run keeps its own
   config.train.log_every_steps = 50  # metrics.jsonl, TensorBoard and the progress bar
   config.train.eval_every_steps = -1  # dev evaluation (-1 = every epoch; always at the end)
   config.train.eval_steps = -1  # eval batches per evaluation (-1 = the whole dev data)

@@ -1,9 +1,10 @@
 """The step machinery: one jitted train step and one eval step over a mesh, and evaluation.
 
 `build` makes a run's `Setup`: the mesh (checked against the batch sizes), the train state's
-shardings and the jitted functions; its keys are of the PRNG `config.train.prng_impl` names. The train step is pure, `train_step(state, batch) -> (state,
-metrics)`, with donated state and the dropout key folded from the step; the eval step is one
-forward pass without dropout for a task's metric terms and predictions (`bertjax.training.task`).
+shardings and the jitted functions, with keys of the PRNG `config.train.prng_impl` names. The
+train step is pure, `train_step(state, batch) -> (state, metrics)`, with donated state and the
+dropout key folded from the step; the eval step is one forward pass without dropout for a
+task's metric terms and predictions (`bertjax.training.task`).
 `evaluate` runs it over the held-out batches; `compiled_ahead` compiles the steps for the shapes
 a run will meet, side by side (`bertjax.training.compile_ahead`).
 """
@@ -34,8 +35,9 @@ Params = Any
 #   data: [2] for threefry, [4] for rbg and unsafe_rbg; orbax saves raw arrays, not typed keys).
 TrainState = dict[str, Any]
 # train.prng_impl -> jax's name. threefry (jax's default) keeps every result of earlier runs;
-# rbg and unsafe_rbg (maxtext trains with unsafe_rbg) draw through XLA's RngBitGenerator,
-# faster on accelerators; unsafe_rbg's split and fold_in are not guaranteed to be independent.
+# rbg and unsafe_rbg (maxtext trains with unsafe_rbg) draw through XLA's RngBitGenerator, which
+# compiles small and is fast on TPUs; unsafe_rbg's split and fold_in are cheaper, their keys not
+# guaranteed independent.
 PRNG_IMPLS = {"threefry": "threefry2x32", "rbg": "rbg", "unsafe_rbg": "unsafe_rbg"}
 
 
@@ -222,11 +224,12 @@ def build(config: ml_collections.ConfigDict, task: task_lib.Task, init_batch: ta
 
   @functools.cache
   def compile_init() -> Callable[[], TrainState]:
-    # On a GPU, threefry's default lowering unrolls its rounds into every draw, one per
-    # parameter (~284 for BERT-base): the init took 3 min 47 s to compile on an H100. The kernel
-    # lowering calls one CUDA kernel per draw instead and compiled fast on an H200; it draws the
-    # same bits, and changes nothing on CPU or TPU (nor for rbg). Only the init, which runs
-    # once, is lowered so: the train step keeps XLA's fused dropout draws.
+    # On a GPU, threefry's default lowering unrolls its 20 rounds inline at each of the
+    # init's hash calls (a fold_in per module, a draw per random parameter): BERT-base's init
+    # took 3 min 47 s to compile on an H100. The kernel lowering makes each call one CUDA
+    # kernel instead and compiled fast on an H200; it computes the same bits, and changes
+    # nothing on CPU or TPU, nor for rbg. Only the init, which runs once, is lowered so: the
+    # train step keeps XLA's dropout draws fused into their consumers.
     with jax_config.threefry_gpu_kernel_lowering(True):
       return jitted_init.lower().compile()
 
