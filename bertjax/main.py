@@ -50,7 +50,7 @@ def _config_file(value: str) -> str:
   return value
 
 
-def _find_config(argv: list[str]) -> list[str]:
+def find_config(argv: list[str]) -> list[str]:
   """argv with the value of --config=VALUE (or --config VALUE) passed through _config_file."""
   argv = list(argv)
   for i, arg in enumerate(argv):
@@ -120,7 +120,7 @@ def _flag_error_message(error: Exception, argv: list[str]) -> str | None:
 def parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing, with a config file that does not load, an unknown --config.KEY or a
   bad flag value turned into one clear message."""
-  argv = _find_config(argv)
+  argv = find_config(argv)
   try:
     return flags.FLAGS(argv)
   except UserError as e:  # a config's get_config refused its argument (configs/squad.py:v3)

@@ -110,9 +110,9 @@ def test_config_file_resolves_to_the_packaged_configs_outside_the_repository(tmp
   assert filecmp.cmp(packaged[:-len(":v2.0")], os.path.join(CONFIGS, "squad.py"), shallow=False)
   assert filecmp.cmp(main._config_file("configs/tiny.py"), os.path.join(CONFIGS, "tiny.py"),
                      shallow=False)
-  assert main._find_config(["main", "--config", "configs/tiny.py", "--workdir=w"]) == [
+  assert main.find_config(["main", "--config", "configs/tiny.py", "--workdir=w"]) == [
       "main", "--config", main._config_file("configs/tiny.py"), "--workdir=w"]
-  assert main._find_config(["main", "--config=configs/tiny.py:x"]) == [
+  assert main.find_config(["main", "--config=configs/tiny.py:x"]) == [
       "main", "--config=" + main._config_file("configs/tiny.py") + ":x"]
   (tmp_path / "configs").mkdir()
   (tmp_path / "configs" / "tiny.py").write_text("")

@@ -1,4 +1,5 @@
-"""bertjax.models.dropout: flax's Dropout's job with one 32-bit draw for two elements."""
+"""bertjax.models.dropout: flax's Dropout's job with one 32-bit draw for two elements of a row.
+(That it draws no bits on another device is tests/test_audit.py's data-parallel contract.)"""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,17 +13,37 @@ def test_each_element_is_dropped_at_the_rate_independently_and_the_two_halves_al
   dropped = 1 - keep.mean()
   rate = round(0.1 * 65536) / 65536
   assert abs(dropped - rate) < 4 * np.sqrt(rate * (1 - rate) / keep.size)
-  flat = keep.reshape(-1)
-  half = (flat.size + 1) // 2  # the low halves of the draws, then the high ones
-  low, high = flat[:half], flat[half:]
+  half = 1001  # of each row: the low halves of its draws, then the high ones
+  low, high = keep[:, :half - 1], keep[:, half:]  # element j and j + 1001 share a draw
   assert abs((1 - low.mean()) - (1 - high.mean())) < 0.003
   both = np.mean(~low & ~high)  # one draw's two halves dropped together: rate**2 if independent
   assert abs(both - rate**2) < 0.002
+  rows = np.mean(~keep[:-1] & ~keep[1:])  # neighbouring rows: other draws
+  assert abs(rows - rate**2) < 0.002
 
 
-def test_one_32_bit_draw_decides_two_elements():
-  jaxpr = str(jax.make_jaxpr(lambda k: keep_mask(k, (3, 7), 0.1))(jax.random.PRNGKey(0)))
-  assert "shape=(11,)" in jaxpr and "random_bits" in jaxpr
+def test_one_32_bit_draw_decides_two_elements_of_a_row():
+  jaxpr = str(jax.make_jaxpr(lambda k: keep_mask(k, (2, 3, 7), 0.1))(jax.random.PRNGKey(0)))
+  assert "shape=(2, 3, 4)" in jaxpr and "random_bits" in jaxpr
+  keep = np.asarray(keep_mask(jax.random.PRNGKey(0), (2, 3, 7), 0.5))
+  bits = np.asarray(jax.random.bits(jax.random.PRNGKey(0), (2, 3, 4), jnp.uint32))
+  halves = np.concatenate([bits & 0xFFFF, bits >> 16], axis=-1)[..., :7]
+  np.testing.assert_array_equal(keep, halves >= 32768)
+
+
+def test_the_bfloat16_output_keeps_the_expectation():
+  """The scale 1 / (1 - rate) in float32, the product rounded once: kept elements are within
+  half a bfloat16 step of x / (1 - rate), and their sum within 0.02% of it; a bfloat16 scale
+  (1.109375 for 1.111...) would make it 0.16% low."""
+  x = jax.random.uniform(jax.random.PRNGKey(1), (512, 1024), minval=1.0, maxval=2.0)
+  x = x.astype(jnp.bfloat16)
+  y = Dropout(0.1).apply({}, x, deterministic=False, rngs={"dropout": jax.random.PRNGKey(2)})
+  assert y.dtype == jnp.bfloat16
+  x64, y64 = np.asarray(x, np.float64), np.asarray(y, np.float64)
+  kept = y64 != 0
+  exact = x64[kept] * 65536 / (65536 - round(0.1 * 65536))
+  np.testing.assert_allclose(y64[kept], exact, rtol=2**-8)
+  assert abs(y64[kept].sum() / exact.sum() - 1) < 2e-4
 
 
 def test_dropout_keeps_the_expectation_and_is_the_identity_when_deterministic():

@@ -130,6 +130,19 @@ def make_layer_norm(config: BertConfig, name: str) -> nn.LayerNorm:
       name=name)
 
 
+# Logical axes of the activations: [batch, seq, hidden], [batch, seq, heads, head_dim] and
+# [batch, seq, F]. `bertjax.training.parallel.LOGICAL_RULES` maps them onto the mesh.
+HIDDEN_AXES = ("activation_batch", "activation_length", "activation_embed")
+HEADS_AXES = ("activation_batch", "activation_length", "activation_heads", None)
+MLP_AXES = ("activation_batch", "activation_length", "activation_mlp")
+
+
+def constrain(x: jax.Array, axes: tuple[str | None, ...]) -> jax.Array:
+  """`x` with the sharding its logical `axes` map to, where a step is traced under a mesh and
+  logical axis rules (`bertjax.training.steps.under_mesh`); `x` itself elsewhere."""
+  return nn.with_logical_constraint(x, axes)
+
+
 class Embeddings(nn.Module):
   """Word + learned position + token-type embeddings, then LayerNorm and dropout.
 
@@ -153,6 +166,11 @@ class Embeddings(nn.Module):
     self.layer_norm = make_layer_norm(cfg, name=None)
     self.dropout = Dropout(cfg.dropout_rate)
 
+  def gathered_table(self) -> jax.Array:
+    """The word table [padded_vocab, hidden], constrained whole on each device but for a
+    `tensor` split of its rows."""
+    return constrain(self.word_embeddings.embedding, ("activation_vocab", "activation_embed"))
+
   def __call__(self, input_ids: jax.Array, segment_ids: jax.Array,
                position_ids: jax.Array | None = None, *, deterministic: bool) -> jax.Array:
     """Embeds a batch.
@@ -173,9 +191,13 @@ class Embeddings(nn.Module):
           "more positions.")
     if position_ids is None:
       position_ids = jnp.arange(seq)[None, :]  # [1, seq], broadcast over the batch
-    x = (self.word_embeddings(input_ids) + self.position_embeddings(position_ids)
+    # The word table whole on each device (but for a `tensor` split of its rows), as the tied
+    # MLM head needs it too: looking rows up in a table split by hidden columns (FSDP) would
+    # move the looked-up activations between devices instead, forward and backward.
+    words = jnp.take(self.gathered_table(), input_ids, axis=0).astype(jnp.float32)
+    x = (words + self.position_embeddings(position_ids)
          + self.token_type_embeddings(segment_ids))  # [batch, seq, hidden] float32
-    x = self.layer_norm(x).astype(self.config.compute_dtype)
+    x = constrain(self.layer_norm(x).astype(self.config.compute_dtype), HIDDEN_AXES)
     return self.dropout(x, deterministic=deterministic)
 
 
@@ -208,7 +230,7 @@ class SelfAttention(nn.Module):
     def heads(name: str) -> jax.Array:
       y = make_dense(cfg, cfg.hidden_size, ("embed", "heads"), name)(x)  # [batch, seq, hidden]
       # [batch, seq, hidden] -> [batch, seq, heads, head_dim]
-      return y.reshape(batch, seq, cfg.num_heads, cfg.head_dim)
+      return constrain(y.reshape(batch, seq, cfg.num_heads, cfg.head_dim), HEADS_AXES)
 
     def drop_probs(probs: jax.Array) -> jax.Array:
       # The reference path's attention dropout: built here, so it is this module's child
@@ -217,7 +239,7 @@ class SelfAttention(nn.Module):
 
     query, key, value = heads("query"), heads("key"), heads("value")
     # q, k, v [batch, seq, heads, head_dim] -> context [batch, seq, heads, head_dim]
-    context = attend(query, key, value, mask, cfg, dropout=drop_probs)
+    context = constrain(attend(query, key, value, mask, cfg, dropout=drop_probs), HEADS_AXES)
     context = context.reshape(batch, seq, cfg.hidden_size)  # -> [batch, seq, hidden]
     return make_dense(cfg, cfg.hidden_size, ("heads", "embed"), "output")(context)
 
@@ -231,7 +253,7 @@ class FeedForward(nn.Module):
     """[batch, seq, hidden] -> [batch, seq, hidden] (no residual, no LayerNorm)."""
     cfg = self.config
     h = make_dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "intermediate")(x)  # [b, s, F]
-    h = cfg.activation(h)
+    h = constrain(cfg.activation(h), MLP_AXES)
     return make_dense(cfg, cfg.hidden_size, ("mlp", "embed"), "output")(h)  # [b, s, H]
 
 
@@ -253,9 +275,11 @@ class Layer(nn.Module):
     attn = SelfAttention(cfg, name="attention")(x, mask, deterministic=deterministic)
     attn = Dropout(cfg.dropout_rate)(attn, deterministic=deterministic)
     h = make_layer_norm(cfg, "attention_layer_norm")(x + attn).astype(cfg.compute_dtype)
+    h = constrain(h, HIDDEN_AXES)
     ffn = FeedForward(cfg, name="feed_forward")(h)
     ffn = Dropout(cfg.dropout_rate)(ffn, deterministic=deterministic)
-    return make_layer_norm(cfg, "output_layer_norm")(h + ffn).astype(cfg.compute_dtype)
+    out = make_layer_norm(cfg, "output_layer_norm")(h + ffn).astype(cfg.compute_dtype)
+    return constrain(out, HIDDEN_AXES)
 
 
 @functools.cache
@@ -316,8 +340,9 @@ class Pooler(nn.Module):
     else:  # [batch, seq, hidden] at [batch, k] -> [batch, k, hidden]
       first = jnp.take_along_axis(sequence_output, cls_positions[..., None].astype(jnp.int32),
                                   axis=1)
+    axes = ("activation_batch",) + (None,) * (first.ndim - 2) + ("activation_embed",)
     dense = make_dense(self.config, self.config.hidden_size, ("embed", None), "dense")
-    return jnp.tanh(dense(first))
+    return constrain(jnp.tanh(dense(constrain(first, axes))), axes)
 
 
 def last_token_positions(input_mask: jax.Array, sequence_ids: jax.Array | None = None,
@@ -406,5 +431,7 @@ class BertEncoder(nn.Module):
         hidden_states=(x,) + outputs if output_hidden_states else None)
 
   def word_embedding_table(self) -> jax.Array:
-    """The [padded_vocab, hidden] word-embedding table (param_dtype), for tied output layers."""
-    return self.embeddings.word_embeddings.embedding
+    """The [padded_vocab, hidden] word-embedding table (param_dtype), for tied output layers;
+    whole on each device but for a `tensor` split of its rows, as the lookup reads it
+    (`Embeddings.gathered_table`: the same value, so an FSDP step gathers it once)."""
+    return self.embeddings.gathered_table()

@@ -1,0 +1,169 @@
+"""Audit of a pretraining config's steps on a mesh: what they communicate, multiply and hold.
+
+  python -m bertjax.tools.audit --config=configs/base.py --devices=8 \
+      [--config.mesh.fsdp=8] [--config.mesh.tensor=2] [--config.KEY=VALUE ...] [--json=OUT.json]
+
+Compiles the trainer's own train and eval steps (`bertjax.training.steps.build`, as a run
+builds them) for the config's model, batch and mesh, on `--devices` simulated CPU devices (any
+machine; without --devices, on the machine's own devices), runs nothing, and prints for each:
+
+- its collectives: kind, count, the bytes per device (the whole tensor: a reduce-scatter's
+  input, an all-gather's output) and the mesh axes they span (`bertjax.tools.hlo`). What to
+  expect: data parallelism, the gradient all-reduce over `data` and scalar metrics; FSDP,
+  all-gathers of the parameters and reduce-scatters of their gradients over `fsdp`; tensor
+  parallelism, a few collectives per layer over `tensor`; the eval step, scalars only;
+- its matmuls by operand and result dtypes, as the program asks for them (before a backend
+  changes them);
+- the memory XLA plans per device (arguments, outputs, temporaries; total less donated).
+
+The batch is random, with the config's shapes (train.batch_size and eval_batch_size rows of
+data.max_seq_length tokens, data.max_predictions_per_seq predictions, two sequences a row when
+data.packing) and a vocabulary of data.vocab_size. On a CPU a program is compiled for the CPU:
+the collectives are those its SPMD partitioning made, which is the same pass on every backend,
+though a GPU's or TPU's compiler may later fuse or reorder them.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any, Sequence
+
+
+def _simulated_devices(argv: Sequence[str]) -> None:
+  """--devices=N: N CPU devices, set where XLA reads it, before jax is imported."""
+  for arg in argv:
+    if arg.startswith("--devices="):
+      count = arg.split("=", 1)[1]
+      os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                                 + f" --xla_force_host_platform_device_count={count}")
+      os.environ["JAX_PLATFORMS"] = "cpu"
+
+
+if __name__ == "__main__":
+  _simulated_devices(sys.argv)
+
+# pylint: disable=wrong-import-position
+import jax
+import ml_collections
+from absl import flags
+from ml_collections import config_flags
+
+from bertjax import main as bertjax_main
+from bertjax.errors import UserError
+from bertjax.models import heads
+from bertjax.tasks import pretraining, pretraining_config
+from bertjax.tools import bench, bench_measure, hlo
+from bertjax.training import parallel, steps
+from bertjax.training import task as task_lib
+# pylint: enable=wrong-import-position
+
+_FLAGS = flags.FlagValues()
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Config file (configs/*.py); override fields with --config.KEY=VALUE.",
+    flag_values=_FLAGS, lock_config=True)
+flags.DEFINE_integer("devices", 0, "Simulate this many CPU devices (0: the machine's own).",
+                     flag_values=_FLAGS)
+flags.DEFINE_string("json", "", "Also write the audit to this JSON file.", flag_values=_FLAGS)
+
+
+def _task(config: ml_collections.ConfigDict) -> tuple[task_lib.Task, dict, dict]:
+  """The pretraining task of `config` without data, and a random train and eval batch of the
+  config's shapes."""
+  data, tr = config.data, config.train
+  packing = 2 if data.packing else 0
+  make = lambda rows: bench.make_batch(data.vocab_size, rows, data.max_seq_length,
+                                       data.max_predictions_per_seq, packing=packing)
+  model_config = pretraining_config.model_config(config, data.vocab_size)
+  task = task_lib.Task(
+      model=heads.BertForPreTraining(model_config,
+                                     next_sentence=pretraining_config.uses_nsp(config)),
+      terms=pretraining.make_terms(5, pretraining_config.uses_nsp(config)),
+      batches=task_lib.Batches(train=lambda position: iter(())))
+  return task, make(tr.batch_size), make(tr.eval_batch_size)
+
+
+def _report(lowered: Any, mesh: jax.sharding.Mesh) -> dict[str, Any]:
+  """{collectives: hlo.summary rows, matmuls: {dtypes: count}, memory: bytes per device}."""
+  compiled = lowered.compile()
+  return dict(collectives=hlo.summary(hlo.collectives(compiled.as_text(), mesh)),
+              matmuls=dict(hlo.matmuls(lowered.as_text())),
+              memory=bench_measure.compiled_memory_bytes(compiled))
+
+
+def audit(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  """Compiles `config`'s train and eval steps on the config's mesh over jax's devices.
+
+  Returns:
+    {mesh: {axis: size}, devices, parameter_bytes, train: _report, eval: _report}.
+  """
+  task, train_batch, eval_batch = _task(config)
+  setup = steps.build(config, task, train_batch)
+  on_mesh = lambda batch: jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                     sharding=parallel.batch_sharding(setup.mesh)), batch)
+  params = setup.abstract_state["params"]
+  return dict(
+      mesh=dict(setup.mesh.shape), devices=setup.mesh.devices.size,
+      parameter_bytes=sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params)),
+      train=_report(setup.train_step.lower(setup.abstract_state, on_mesh(train_batch)),
+                    setup.mesh),
+      eval=_report(setup.eval_step.lower(params, on_mesh(eval_batch)), setup.mesh))
+
+
+def _megabytes(nbytes: int) -> str:
+  return f"{nbytes / 1e6:.2f}"
+
+
+def format_audit(result: dict[str, Any]) -> str:
+  """The audit as text: per step, a table of collectives, the matmul dtypes and the memory."""
+  mesh = " x ".join(f"{axis}={size}" for axis, size in result["mesh"].items())
+  lines = [f"mesh {mesh} ({result['devices']} devices); parameters "
+           f"{_megabytes(result['parameter_bytes'])} MB"]
+  for step in ("train", "eval"):
+    report = result[step]
+    lines += ["", f"{step} step", f"  {'collective':<20}{'count':>6}{'MB/device':>12}  axes"]
+    for row in report["collectives"]:
+      lines.append(f"  {row['kind']:<20}{row['count']:>6}{_megabytes(row['nbytes']):>12}  "
+                   f"{','.join(row['axes']) or '-'}")
+    if not report["collectives"]:
+      lines.append("  (none)")
+    lines.append("  matmuls: " + ", ".join(f"{count} {dtypes}" for dtypes, count in
+                                          sorted(report["matmuls"].items())))
+    lines.append("  memory per device (MB): " + ", ".join(
+        f"{name} {_megabytes(nbytes)}" for name, nbytes in report["memory"].items()))
+  return "\n".join(lines)
+
+
+def main(argv: Sequence[str]) -> None:
+  if len(argv) > 1:
+    bertjax_main.fail(f"unexpected arguments {list(argv[1:])}; flags are written --name=value.")
+  config = _CONFIG.value
+  devices = _FLAGS.devices
+  if devices and jax.device_count() != devices:
+    bertjax_main.fail(f"--devices={devices} simulates CPU devices when jax starts, but jax "
+                      f"already has {jax.device_count()}; run the audit as its own process.")
+  try:
+    result = audit(config)
+  except UserError as e:
+    bertjax_main.fail(str(e))
+  print(format_audit(result))
+  if _FLAGS.json:
+    with open(_FLAGS.json, "w") as f:
+      json.dump(result, f, indent=1)
+
+
+def _parse(argv: list[str]) -> list[str]:
+  """Parses the flags (a bad one is one line and exit 2)."""
+  try:
+    return _FLAGS(bertjax_main.find_config(argv))
+  except UserError as e:
+    bertjax_main.fail(str(e))
+  except Exception as e:  # pylint: disable=broad-except
+    bertjax_main.fail(f"{e}. Check the flags: --config=FILE, --config.KEY=VALUE, --devices=N, "
+                      "--json=FILE.")
+  return []
+
+
+if __name__ == "__main__":
+  main(_parse(sys.argv))
