@@ -185,12 +185,15 @@ def make_checked_mesh(config: ml_collections.ConfigDict,
 
 def under_mesh(mesh: jax.sharding.Mesh, fn: Callable) -> Callable:
   """`fn`, traced with `mesh` as the context mesh (`jax.sharding.get_abstract_mesh()` inside
-  it, in whichever thread jit traces it): the model's fused attention kernels read it to run on
-  each device's shard of the batch and the heads (`bertjax.models.attention.attend`)."""
+  it, in whichever thread jit traces it) and with bertjax's logical axis rules
+  (`parallel.LOGICAL_RULES`): the model's fused attention kernels read the mesh to run on each
+  device's shard of the batch and the heads (`bertjax.models.attention.attend`), and its
+  activation constraints (`bertjax.models.bert.constrain`) the rules."""
 
   @functools.wraps(fn)
   def traced_under_mesh(*args):
-    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+    with (jax.sharding.use_abstract_mesh(mesh.abstract_mesh),
+          nn.logical_axis_rules(parallel.LOGICAL_RULES)):
       return fn(*args)
 
   return traced_under_mesh
