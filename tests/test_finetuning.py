@@ -297,6 +297,33 @@ def test_packing_gives_the_outputs_of_unpacked_batches(model_dir, animal_data, t
     np.testing.assert_allclose(step[name], full_step[name], rtol=1e-5, err_msg=name)
 
 
+@pytest.fixture(scope="module")
+def short_model_dir(random_bert, tmp_path_factory):
+  """model_dir's kind of model with 16 positions, max_seq_length's."""
+  return random_bert(tmp_path_factory.mktemp("short_model"), SPECIALS + ANIMALS + FILLER,
+                     max_position_embeddings=16)
+
+
+def test_packed_rows_may_be_longer_than_the_position_table(short_model_dir, animal_data,
+                                                           tmp_path):
+  """data.packing=4 at max_seq_length 16 on a model of 16 positions: rows of 64 tokens whose
+  positions restart at each example train and give the logits and the loss of unpacked batches
+  (the row's length was checked against the table: "sequence length 64 exceeds 16")."""
+  spec = dataclasses.replace(ANIMAL_SPEC, predict=_logits, padding_invariant=True, packable=True)
+  tasks = {}
+  for packing in (0, 4):
+    config = _config(short_model_dir, animal_data)
+    config.data.packing, config.data.length_buckets = packing, ""
+    config.train.eval_batch_size = 8
+    tasks[packing] = finetuning.make_task(spec, config, str(tmp_path))
+  setup = steps.build(config, tasks[4], next(tasks[4].batches.train(None))[0])
+  full, _, _, _, _, full_step = _eval_and_step(setup, tasks[0], True)
+  packed, _, _, widths, train_width, step = _eval_and_step(setup, tasks[4], True)
+  assert train_width == 64 and set(widths) == {64}
+  np.testing.assert_allclose(packed["logits"], full["logits"], rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(step["loss"], full_step["loss"], rtol=1e-5)
+
+
 @pytest.mark.parametrize("change, message", [
     (dict(packing=-1), "data.packing=-1"),
     (dict(packing=3), "train.batch_size=16 with data.packing=3 makes 5.33333 rows"),

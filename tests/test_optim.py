@@ -7,7 +7,8 @@ import numpy as np
 import optax
 import pytest
 
-from bertjax.training import optim
+from bertjax.configs import tiny
+from bertjax.training import optim, steps
 from bertjax.errors import UserError
 
 
@@ -219,6 +220,18 @@ def test_lamb_state_is_that_of_optax_lamb():
                        mask=optim.weight_decay_mask)
   assert (jax.tree.structure(ours.init(_tiny_params()))
           == jax.tree.structure(earlier.init(_tiny_params())))
+
+
+def test_the_config_sets_the_decay_power():
+  """train.lr_decay_power reaches the schedule; a config of an earlier bertjax, without the
+  field, decays linearly."""
+  train = tiny.get_config().train
+  train.update(learning_rate=1.0, warmup_steps=0, num_train_steps=4, lr_decay_power=0.5)
+  _, schedule = steps.make_optimizer(train)
+  np.testing.assert_allclose(float(schedule(2)), 0.5**0.5, rtol=1e-6)
+  del train["lr_decay_power"]
+  _, schedule = steps.make_optimizer(train)
+  np.testing.assert_allclose(float(schedule(2)), 0.5, rtol=1e-6)
 
 
 def test_unknown_optimizer_is_refused():

@@ -178,18 +178,20 @@ class Embeddings(nn.Module):
     Args:
       input_ids, segment_ids: [batch, seq] int token ids and token types.
       position_ids: [batch, seq] int position of each token in its own sequence (a packed
-        batch restarts them at each [CLS]); None = 0 .. seq - 1 in every row.
+        batch restarts them at each [CLS], so its rows may be longer than the position table;
+        the caller keeps every id below max_position_embeddings); None = 0 .. seq - 1 in every
+        row, and then seq must not exceed max_position_embeddings.
       deterministic: no dropout when True.
     Returns:
       [batch, seq, hidden] in the compute dtype.
     """
     seq = input_ids.shape[1]
-    if seq > self.config.max_position_embeddings:
-      raise ValueError(
-          f"sequence length {seq} exceeds max_position_embeddings="
-          f"{self.config.max_position_embeddings}; shorten the inputs or build the model with "
-          "more positions.")
     if position_ids is None:
+      if seq > self.config.max_position_embeddings:
+        raise ValueError(
+            f"sequence length {seq} exceeds max_position_embeddings="
+            f"{self.config.max_position_embeddings}; shorten the inputs or build the model with "
+            "more positions.")
       position_ids = jnp.arange(seq)[None, :]  # [1, seq], broadcast over the batch
     # The word table whole on each device (but for a `tensor` split of its rows), as the tied
     # MLM head needs it too: looking rows up in a table split by hidden columns (FSDP) would
