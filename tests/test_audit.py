@@ -161,3 +161,16 @@ def test_matmuls_are_counted_by_their_dtypes():
       "x [1] : (tensor<4x32x128xbf16>, tensor<4x128x8xbf16>) -> tensor<4x32x8xf32>",
       "    %5 = stablehlo.add %3, %3 : tensor<32x128xbf16>"])
   assert hlo.matmuls(text) == {"bf16 x bf16 -> bf16": 1, "bf16 x bf16 -> f32": 1}
+
+
+def test_the_readme_audit_command_runs_as_written():
+  with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+    commands = [line for line in f.read().splitlines()
+                if line.startswith("python -m bertjax.tools.audit")]
+  assert len(commands) == 1, commands
+  result = subprocess.run([sys.executable, *commands[0].split()[1:]], cwd=ROOT,
+                          env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True, text=True,
+                          timeout=300, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "mesh data=1 x fsdp=8 x tensor=1 (8 devices)" in result.stdout
+  assert "all-reduce-scatter" in result.stdout and "all-to-all" not in result.stdout

@@ -120,7 +120,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, task: ta
   """
   workdir = epath.Path(workdir)
   tr = config.train
-  reports.import_in_background()
   with contextlib.ExitStack() as stack:
     # Entered first: a signal while the run starts (restoring, compiling) stops it after its
     # first step instead of killing one host.
