@@ -1,36 +1,39 @@
 """Tests of bertjax.tools.bench (with bench_peers, bench_measure, bench_tables): the peers run at
-tiny shapes, the FLOP formula, bad arguments.
+tiny shapes, back-to-back timing, bad arguments (the FLOP formula: tests/test_flops.py).
 
 The hf_flax peer needs transformers 4.57.6 (the last with Flax), which the [test] extra's
 transformers 5 replaces; its real run is the one test here that skips without it.
 """
 import json
 import math
+import time
 
 import flax
 import jax
 import pytest
 
-from bertjax.tools import bench, bench_peers
+from bertjax.tools import bench, bench_measure, bench_peers
 from bertjax.errors import UserError
 from bertjax.models import heads
-from bertjax.models.config import BertConfig, bert_config
+from bertjax.models.config import bert_config
+from bertjax.training import flops
 
 TINY = dict(batch_size=4, seq_len=16, max_predictions=3, steps=2, warmup=1, vocab_size=128)
 
 
-def _check_figures(rows):
-  """Every row's figures are positive, finite and consistent with TINY's shapes."""
-  flops = bench.model_flops(bert_config("tiny", vocab_size=128), 4, 16, 3)
+def _check_figures(rows, packing=0):
+  """Every row's figures are positive, finite and consistent with TINY's shapes: FLOPs of the
+  batch's real work (a packed row's attention per sequence), real tokens and sequences."""
+  batch = bench.make_batch(128, 4, 16, 3, packing=packing)
+  expected = flops.model_flops(bert_config("tiny", vocab_size=128), flops.work_of(batch))
   for r in rows:
-    for key in ("step_ms", "step_ms_min", "tokens_per_s", "examples_per_s",
-                "achieved_flops_per_s"):
+    for key in ("step_ms", "tokens_per_s", "examples_per_s", "achieved_flops_per_s"):
       assert math.isfinite(r[key]) and r[key] > 0, (r["peer"], key, r[key])
     assert r["peak_memory_bytes"] >= 0
-    assert r["model_flops"] == flops
-    assert r["tokens_per_s"] == pytest.approx(r["examples_per_s"] * 16)
+    assert r["model_flops"] == expected
+    assert r["tokens_per_s"] == pytest.approx(r["examples_per_s"] * 16 / max(packing, 1))
     assert r["tokens_per_s"] == pytest.approx(4 * 16 * 1e3 / r["step_ms"])
-    assert r["step_ms_min"] <= r["step_ms"]
+    assert r["achieved_flops_per_s"] == pytest.approx(expected * 1e3 / r["step_ms"])
     assert r["platform"] != "cpu" or r["mfu"] is None  # no known peak for a CPU
 
 
@@ -90,23 +93,15 @@ def test_hf_flax_without_flax_bert_is_a_user_error(monkeypatch, capsys):
   assert err.startswith("bertjax.tools.bench: error: --peers=hf_flax needs") and err.count("\n") == 1
 
 
-def test_model_flops_by_hand():
-  config = BertConfig(vocab_size=10, hidden_size=4, num_layers=2, num_heads=2,
-                      intermediate_size=8)
-  # B=3, S=5, P=2, L=2, H=4, F=8, V=10:
-  layers = 6 * 3 * 5 * 2 * (4 * 16 + 2 * 4 * 8)  # 6 tokens L (4H^2 + 2HF) = 23040
-  attention = 12 * 3 * 2 * 25 * 4  # 12 B L S^2 H = 7200
-  mlm = 6 * 3 * 2 * (16 + 40)  # 6 B P (H^2 + HV) = 2016
-  pooler_nsp = 6 * 3 * (16 + 8)  # 6 B (H^2 + 2H) = 432
-  assert layers + attention + mlm + pooler_nsp == 32688
-  assert bench.model_flops(config, batch_size=3, seq_len=5, max_predictions=2) == 32688
-
-
-def test_peak_flops_table():
-  assert bench.peak_flops("NVIDIA H100 80GB HBM3", "bfloat16") == 989e12
-  assert bench.peak_flops("NVIDIA H200", "float32") == 494e12
-  assert bench.peak_flops("TPU v5 lite", "bfloat16") == 197e12
-  assert bench.peak_flops("cpu", "float32") is None
+def test_steps_are_timed_back_to_back():
+  """time_steps blocks once after the warmup and once after the timed steps, not per step:
+  a sync that takes 0.2 s adds 0.2 s / 10 to a step."""
+  calls = []
+  seconds = bench_measure.time_steps(
+      lambda: calls.append("step"), lambda: (calls.append("sync"), time.sleep(0.2)),
+      steps=10, warmup=2, after_warmup=lambda: calls.append("reset"))
+  assert calls == ["step"] * 2 + ["sync", "reset"] + ["step"] * 10 + ["sync"]
+  assert 0.02 <= seconds < 0.1
 
 
 def test_make_batch_keys_and_positions():
@@ -143,12 +138,14 @@ def test_cli_reports_bad_size_in_one_line(capsys):
 def test_bertjax_options_and_packed_batches(capsys):
   rows = bench.main(["--size=tiny", "--peers=bertjax", "--batch_size=4", "--seq_len=16",
                      "--max_predictions=3", "--steps=2", "--warmup=1", "--vocab_size=128",
-                     "--attention=xla", "--packing=2", "--remat=full", "--optimizer=lamb"])
-  _check_figures(rows)
+                     "--attention=xla", "--packing=2", "--remat=full", "--optimizer=lamb",
+                     "--prng=rbg"])
+  _check_figures(rows, packing=2)
   [row] = rows
-  assert (row["attention"], row["packing"], row["remat"], row["optimizer"]) == (
-      "xla", 2, "full", "lamb")
-  assert "attention xla, packing 2, remat full, lamb" in capsys.readouterr().out
+  assert (row["attention"], row["packing"], row["remat"], row["optimizer"], row["prng"]) == (
+      "xla", 2, "full", "lamb", "rbg")
+  assert row["step_compile_s"] > 0 and row["init_compile_s"] > 0
+  assert "attention xla, packing 2, remat full, lamb, rbg" in capsys.readouterr().out
   batch = bench.make_batch(128, 2, 16, 3, packing=2)
   assert batch["sequence_ids"][0].tolist() == [1] * 8 + [2] * 8
   assert batch["position_ids"][0].tolist() == list(range(8)) * 2
@@ -181,3 +178,6 @@ def test_bertjax_only_options_are_refused_with_other_peers():
   with pytest.raises(UserError, match="unknown --remat 'most'"):
     bench.run(sizes=["tiny"], peers=["bertjax"], **TINY,
               options=bench.BertjaxOptions(remat="most"))
+  with pytest.raises(UserError, match="unknown --prng 'philox'"):
+    bench.run(sizes=["tiny"], peers=["bertjax"], **TINY,
+              options=bench.BertjaxOptions(prng="philox"))

@@ -2,6 +2,7 @@
 overfitting, gradient accumulation, data parallelism on 2 devices, the loss / metric arithmetic and
 the loop's logs (CPU, tiny models)."""
 import dataclasses
+import itertools
 import json
 import os
 import subprocess
@@ -14,7 +15,6 @@ import numpy as np
 import optax
 import pytest
 
-from bertjax.tools import bench
 from bertjax.training import flops, parallel, steps, train
 from bertjax.training import task as task_lib
 from bertjax.data.pretraining import masking, pairs
@@ -339,27 +339,31 @@ def test_predictions_cover_every_real_example_in_order():
       expected)
 
 
-def test_logged_flops_are_the_benchmarks(tmp_path):
-  """The trainer logs, per step, bench.model_flops of the global batch's shapes, and the
-  throughput from it; no MFU on a CPU (its peak is unknown)."""
+def test_logged_flops_are_the_real_work_of_each_batch(tmp_path):
+  """The trainer logs, per step, flops.model_flops of the batch's real work (the benchmark's
+  formula), below the count with padding as work, and real tokens per second; no MFU on a CPU
+  (its peak is unknown)."""
   config = _config(num_train_steps=2, log_every_steps=1, eval_every_steps=2,
                    checkpoint_every_steps=2)
+  config.data.max_seq_length = 32  # longer than most of the synthetic pairs: padding
   task = _task(config, dropout=0.0)
   train.train_and_evaluate(config, str(tmp_path), task)
   records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   train_records = [r for r in records if r["split"] == "train"]
   assert [r["step"] for r in train_records] == [1, 2]
-  batch = _first_batch(task)
-  expected = bench.model_flops(task.model.config, *batch["input_ids"].shape,
-                               batch["masked_lm_positions"].shape[1])
-  for record in train_records:
-    assert record["model_flops_per_step"] == expected
-    assert record["model_tflops_per_device"] > 0 and record["tokens_per_second"] > 0
+  batches = [batch for batch, _ in itertools.islice(task.batches.train(None), 2)]
+  for record, batch in zip(train_records, batches):
+    work = flops.work_of(batch)
+    assert record["model_flops_per_step"] == flops.model_flops(task.model.config, work)
+    padded = flops.Work(tokens=batch["input_ids"].size, sequences=8, squared_lengths=8 * 32**2,
+                        predictions=batch["masked_lm_weights"].size)
+    assert work.tokens < padded.tokens and work.predictions < padded.predictions
+    assert record["model_flops_per_step"] < flops.model_flops(task.model.config, padded)
+    assert record["model_tflops_per_device"] > 0
+    # Both per second of the same interval: real tokens per example of this batch.
+    assert record["tokens_per_second"] / record["examples_per_second"] == pytest.approx(
+        batch["input_mask"].sum() / 8)
     assert "mfu" not in record
-  assert flops.peak_flops("NVIDIA H100 80GB HBM3", "bfloat16") == 989e12
-  assert flops.peak_flops("TPU v5 lite", "bfloat16") == 197e12
-  assert flops.peak_flops("TPU v5p", "bfloat16") == 459e12
-  assert flops.peak_flops("cpu", "float32") is None
 
 
 def test_an_error_while_the_bar_draws_starts_on_its_own_line(tmp_path, capsys):

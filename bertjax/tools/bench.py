@@ -4,15 +4,18 @@
       [--max_predictions=20] [--steps=20] [--warmup=3] [--dtype=float32|bfloat16] \
       [--peers=bertjax,torch,hf_flax] [--vocab_size=30522] [--json=OUT.json] \
       [--attention=auto|reference|xla|cudnn|splash] [--packing=K] [--remat=none|full|dots] \
-      [--optimizer=adamw|lamb] [--memory_only]
+      [--optimizer=adamw|lamb] [--prng=threefry|rbg|unsafe_rbg] [--memory_only]
 
 bertjax's own choices: `--attention` (a fused path runs without attention dropout, which fused
 kernels cannot apply; `auto` and `reference` keep the paper's 0.1, so `auto` is the reference
 einsum), `--packing=K` (each row holds K sequences of seq_len / K tokens, with their sequence
 ids, positions and one [CLS] and NSP label each, and the same max_predictions per row: the cost
 of the block-diagonal mask; the gain of packing, fewer padding tokens, depends on the data and
-is reported by `python -m bertjax.tools.data_benchmark`), `--remat` and `--optimizer`. Every bertjax
-row also gives the compiled memory per device of its train step
+is reported by `python -m bertjax.tools.data_benchmark`), `--remat`, `--optimizer` and `--prng`
+(`train.prng_impl`: the keys of the init and of dropout). Every bertjax row also gives the
+seconds its train step and its parameter init (`steps.build(...).compile_init`, threefry lowered
+as one kernel a hash on GPUs) take to compile, and the compiled memory per device of its train
+step
 (`jit(step).lower(...).compile().memory_analysis()`: arguments + outputs - donated + temporaries,
 XLA's own plan, for any shape on any backend); `--memory_only` compiles without running, so the
 memory of BERT-large at seq 512 can be read on a laptop.
@@ -45,14 +48,18 @@ What differs by design: HF, in torch and in Flax, scores the vocabulary at every
 (logits [batch, seq, vocab]) and then drops the ~85% of them without a label; bertjax gathers the
 masked positions first, as the original BERT does. That saving is part of what is compared.
 
-Timing: each step is timed alone, blocked to completion (`jax.block_until_ready` on the new state
-and metrics; `torch.cuda.synchronize()` on a GPU), after `--warmup` untimed steps (which include
-compilation); the step time reported is the median of `--steps` steps.
+Timing: as the trainer runs them, `--steps` steps back to back, each dispatched without waiting
+for the one before, blocked once at the end (`jax.block_until_ready` on the state;
+`torch.cuda.synchronize()` on a GPU); the step time reported is that total / `--steps`, after
+`--warmup` untimed steps (which include compilation).
 
-Model FLOPs per step (`bertjax.training.flops.model_flops`, the formula the trainer logs too) are
-the same for every peer, so the ratio is of useful work; they count the MLM head at the gathered
-positions only. HF's full-sequence logits do 6 * B * (S - P) * H * (V + H) more, which this count
-leaves out. MFU = model FLOPs / step time / the device's peak (dense, for the dtype), where known.
+Model FLOPs per step (`bertjax.training.flops.model_flops` of the batch's real work, the formula
+the trainer logs too) are the same for every peer, so the ratio is of useful work; they count
+the MLM head at the gathered positions only. HF's full-sequence logits do 6 * B * (S - P) * H *
+(V + H) more, which this count leaves out. The batch's tokens are all real and its prediction
+slots all used; a packed row's attention counts each sequence's own seq_len / K squared, not
+seq_len squared. tokens/s counts real tokens. MFU = model FLOPs / step time / the device's peak
+(dense, for the dtype), where known.
 
 Peak memory: on a GPU, jax's `peak_bytes_in_use` of the device and
 `torch.cuda.max_memory_allocated` (reset before the peer). jax's figure cannot be reset: it is the
@@ -71,8 +78,8 @@ import argparse
 import dataclasses
 import json
 import os
-import statistics
 import sys
+import time
 from typing import Any, Sequence
 
 # jax must not take 75% of a GPU's memory up front: the torch peer shares the device.
@@ -90,10 +97,9 @@ from bertjax.models.config import ATTENTIONS, REMATS, SIZES, bert_config
 from bertjax.tasks import pretraining, pretraining_config
 from bertjax.tools import bench_measure, bench_peers, bench_tables
 from bertjax.tools.bench_peers import PEERS
-from bertjax.training import optim, parallel
+from bertjax.training import flops, optim, parallel
 from bertjax.training import steps as train_steps
 from bertjax.training import task as task_lib
-from bertjax.training.flops import model_flops, peak_flops
 # pylint: enable=wrong-import-position
 
 DTYPES = ("float32", "bfloat16")
@@ -152,6 +158,7 @@ def _bertjax_config(size: str, batch_size: int, seq_len: int, max_predictions: i
   config.model.attention_dropout_rate = 0.1 if options.attention in ("auto", "reference") else 0.0
   config.model.remat = options.remat
   config.train.optimizer = options.optimizer
+  config.train.prng_impl = options.prng
   config.model.max_position_embeddings = max(512, seq_len)
   config.data.max_seq_length = seq_len
   config.data.max_predictions_per_seq = max_predictions
@@ -170,36 +177,47 @@ class BertjaxOptions:
   packing: int = 0
   remat: str = "none"
   optimizer: str = "adamw"
+  prng: str = "threefry"
   memory_only: bool = False
+
+
+def build_bertjax(size: str, batch: dict[str, np.ndarray], vocab_size: int, dtype: str,
+                  steps: int, warmup: int, options: BertjaxOptions = BertjaxOptions()
+                  ) -> tuple[task_lib.Task, train_steps.Setup]:
+  """bertjax's pretraining task (BERT of `size`, MLM + NSP) and its `steps.build` Setup for the
+  benchmark's `batch` ([batch, seq] keys of `make_batch`); nothing compiled yet."""
+  batch_size, seq_len = batch["input_ids"].shape
+  max_predictions = batch["masked_lm_positions"].shape[1]
+  config = _bertjax_config(size, batch_size, seq_len, max_predictions, dtype, steps, warmup,
+                           options)
+  model = heads.BertForPreTraining(pretraining_config.model_config(config, vocab_size))
+  task = task_lib.Task(model=model, terms=pretraining.make_terms(5),
+                       batches=task_lib.Batches(train=lambda position: iter(())))
+  return task, train_steps.build(config, task, batch)
 
 
 def bench_bertjax(size: str, batch: dict[str, np.ndarray], vocab_size: int, dtype: str,
                   steps: int, warmup: int, options: BertjaxOptions = BertjaxOptions()
                   ) -> dict[str, Any]:
-  """Times bertjax's jitted train step; returns {step_times_s, peak_memory_bytes, device,
-  platform, attention (the path it resolved to), compiled_memory (compiled_memory_bytes)}.
-  With options.memory_only the step is compiled, not run, and step_times_s is empty."""
-  batch_size, seq_len = batch["input_ids"].shape
-  max_predictions = batch["masked_lm_positions"].shape[1]
-  config = _bertjax_config(size, batch_size, seq_len, max_predictions, dtype, steps, warmup,
-                           options)
+  """Times bertjax's jitted train step; returns {step_s, peak_memory_bytes, device, platform,
+  attention (the path it resolved to), compiled_memory (compiled_memory_bytes and
+  saved_activation_bytes), step_compile_s, init_compile_s}. With options.memory_only the step
+  is compiled, not run, and step_s and init_compile_s are None."""
+  seq_len = batch["input_ids"].shape[1]
   device = jax.devices()[0]
-  on_cpu = device.platform == "cpu"
   memory = bench_measure.CpuPeakMemory()
   memory.start()
-  model_config = pretraining_config.model_config(config, vocab_size)
-  model = heads.BertForPreTraining(model_config)
-  task = task_lib.Task(model=model, terms=pretraining.make_terms(5),
-                       batches=task_lib.Batches(train=lambda position: iter(())))
-  setup = train_steps.build(config, task, batch)
+  task, setup = build_bertjax(size, batch, vocab_size, dtype, steps, warmup, options)
   batch_spec = jax.tree.map(
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
                                      sharding=parallel.batch_sharding(setup.mesh)),
       dict(batch))
+  start = time.perf_counter()
   compiled = setup.train_step.lower(setup.abstract_state, batch_spec).compile()
+  step_compile_s = time.perf_counter() - start
 
   def loss(params, batch):
-    outputs = heads.apply_to_batch(model, params, batch, deterministic=False,
+    outputs = heads.apply_to_batch(task.model, params, batch, deterministic=False,
                                    rngs={"dropout": jax.random.PRNGKey(0)})
     return sum(jax.numpy.sum(values * weights) / jax.numpy.maximum(jax.numpy.sum(weights), 1)
                for name, (values, weights) in task.terms(outputs, batch).items()
@@ -209,25 +227,29 @@ def bench_bertjax(size: str, batch: dict[str, np.ndarray], vocab_size: int, dtyp
                  **bench_measure.saved_activation_bytes(loss, setup.abstract_state["params"],
                                                         batch_spec, seq_len=seq_len))
   result = dict(device=device.device_kind, platform=device.platform,
-                attention=resolve_attention(model_config, seq_len=seq_len),
-                compiled_memory=planned)
+                attention=resolve_attention(task.model.config, seq_len=seq_len),
+                compiled_memory=planned, step_compile_s=step_compile_s)
   if options.memory_only:
-    return dict(result, step_times_s=[], peak_memory_bytes=0)
-  state = setup.init_state()
+    return dict(result, step_s=None, peak_memory_bytes=0, init_compile_s=None)
+  start = time.perf_counter()
+  init = setup.compile_init()
+  init_compile_s = time.perf_counter() - start
+  state = init()
   device_batch = parallel.global_batch(batch, setup.mesh)
 
   def step():
     nonlocal state
-    state, metrics = compiled(state, device_batch)
-    jax.block_until_ready((state, metrics))
+    state, _ = compiled(state, device_batch)
 
-  times = bench_measure.time_steps(step, steps, warmup, memory.reset_peak)
-  if on_cpu:
+  step_s = bench_measure.time_steps(step, lambda: jax.block_until_ready(state), steps, warmup,
+                                    memory.reset_peak)
+  if device.platform == "cpu":
     peak = memory.delta()
   else:
     peak = (device.memory_stats() or {}).get("peak_bytes_in_use", 0)
   del state
-  return dict(result, step_times_s=times, peak_memory_bytes=int(peak))
+  return dict(result, step_s=step_s, peak_memory_bytes=int(peak),
+              init_compile_s=init_compile_s)
 
 
 def _check_options(options: BertjaxOptions, peers: Sequence[str], seq_len: int,
@@ -235,7 +257,8 @@ def _check_options(options: BertjaxOptions, peers: Sequence[str], seq_len: int,
   """Raises UserError naming the first of bertjax's own flags that cannot work."""
   for flag, value, allowed in (("attention", options.attention, ATTENTIONS),
                                ("remat", options.remat, REMATS),
-                               ("optimizer", options.optimizer, optim.OPTIMIZERS)):
+                               ("optimizer", options.optimizer, optim.OPTIMIZERS),
+                               ("prng", options.prng, tuple(train_steps.PRNG_IMPLS))):
     if value not in allowed:
       raise UserError(f"unknown --{flag} {value!r}; use one of {', '.join(allowed)}.")
   if (options.packing or options.memory_only) and list(peers) != ["bertjax"]:
@@ -285,12 +308,13 @@ def run(sizes: Sequence[str] = ("tiny",), peers: Sequence[str] | None = None, ba
 
   Returns:
     rows with size, peer, device, platform, dtype, batch_size, seq_len, max_predictions, steps,
-    step_ms (median), step_ms_min, tokens_per_s, examples_per_s, peak_memory_bytes, model_flops,
+    step_ms (back to back), tokens_per_s (real tokens), examples_per_s (sequences, a packed
+    row's each), peak_memory_bytes, model_flops (of the batch's real work),
     achieved_flops_per_s, mfu (None where the peak is unknown), and on bertjax rows, for each
     other peer of the same size, speedup_vs_<peer> (bertjax tokens/s / that peer's tokens/s),
-    plus attention (the path used), packing, remat, optimizer and compiled_memory (bytes per
-    device: arguments, outputs, temporaries, total). With options.memory_only the timing
-    fields are None.
+    plus attention (the path used), packing, remat, optimizer, prng, step_compile_s,
+    init_compile_s and compiled_memory (bytes per device: arguments, outputs, temporaries,
+    total, and the saved activations). With options.memory_only the timing fields are None.
   """
   peers = bench_peers.default_peers() if peers is None else peers
   _check(sizes, peers, dtype, batch_size=batch_size, seq_len=seq_len,
@@ -301,7 +325,8 @@ def run(sizes: Sequence[str] = ("tiny",), peers: Sequence[str] | None = None, ba
     config = bert_config(size, vocab_size=vocab_size, dtype=dtype,
                          max_position_embeddings=max(512, seq_len))
     batch = make_batch(vocab_size, batch_size, seq_len, max_predictions, packing=options.packing)
-    flops = model_flops(config, batch_size, seq_len, max_predictions)
+    work = flops.work_of(batch)
+    step_flops = flops.model_flops(config, work)
     by_peer = {}
     for peer in peers:
       if peer == "bertjax":
@@ -310,23 +335,23 @@ def run(sizes: Sequence[str] = ("tiny",), peers: Sequence[str] | None = None, ba
           rows.append(dict(size=size, peer=peer, device=result["device"],
                            platform=result["platform"], dtype=dtype, batch_size=batch_size,
                            seq_len=seq_len, max_predictions=max_predictions, steps=0,
-                           step_ms=None, tokens_per_s=None, mfu=None, model_flops=flops,
+                           step_ms=None, tokens_per_s=None, mfu=None, model_flops=step_flops,
                            peak_memory_bytes=None, **_bertjax_fields(result, options)))
           continue
       elif peer == "torch":
         result = bench_peers.bench_torch(config, batch, dtype, steps, warmup)
       else:
         result = bench_peers.bench_hf_flax(config, batch, dtype, steps, warmup)
-      step_s = statistics.median(result["step_times_s"])
-      peak = peak_flops(result["device"], dtype) if result["platform"] != "cpu" else None
+      step_s = result["step_s"]
+      peak = flops.peak_flops(result["device"], dtype) if result["platform"] != "cpu" else None
       row = dict(size=size, peer=peer, device=result["device"], platform=result["platform"],
                  dtype=dtype, batch_size=batch_size, seq_len=seq_len,
                  max_predictions=max_predictions, steps=steps,
-                 step_ms=1e3 * step_s, step_ms_min=1e3 * min(result["step_times_s"]),
-                 tokens_per_s=batch_size * seq_len / step_s, examples_per_s=batch_size / step_s,
-                 peak_memory_bytes=result["peak_memory_bytes"], model_flops=flops,
-                 achieved_flops_per_s=flops / step_s,
-                 mfu=None if peak is None else flops / step_s / peak)
+                 step_ms=1e3 * step_s, tokens_per_s=work.tokens / step_s,
+                 examples_per_s=work.sequences / step_s,
+                 peak_memory_bytes=result["peak_memory_bytes"], model_flops=step_flops,
+                 achieved_flops_per_s=step_flops / step_s,
+                 mfu=None if peak is None else step_flops / step_s / peak)
       if "attention" in result:
         row["attention"] = result["attention"]
       if peer == "bertjax":
@@ -342,7 +367,9 @@ def run(sizes: Sequence[str] = ("tiny",), peers: Sequence[str] | None = None, ba
 
 def _bertjax_fields(result: dict[str, Any], options: BertjaxOptions) -> dict[str, Any]:
   return dict(attention=result["attention"], packing=options.packing, remat=options.remat,
-              optimizer=options.optimizer, compiled_memory=result["compiled_memory"])
+              optimizer=options.optimizer, prng=options.prng,
+              step_compile_s=result["step_compile_s"], init_compile_s=result["init_compile_s"],
+              compiled_memory=result["compiled_memory"])
 
 
 def _csv(text: str) -> list[str]:
@@ -371,6 +398,8 @@ def _parser() -> argparse.ArgumentParser:
                       help="bertjax only: sequences packed into each row (0 = none)")
   parser.add_argument("--remat", default="none", help="bertjax's remat: none, full, dots")
   parser.add_argument("--optimizer", default="adamw", help="bertjax's optimizer: adamw, lamb")
+  parser.add_argument("--prng", default="threefry",
+                      help="bertjax's train.prng_impl: threefry, rbg, unsafe_rbg")
   parser.add_argument("--memory_only", action="store_true",
                       help="bertjax only: compile the step and print its memory, run nothing")
   return parser
@@ -380,7 +409,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
   """Parses the flags, runs the benchmark, prints the table (and writes --json)."""
   args = _parser().parse_args(argv)
   options = BertjaxOptions(attention=args.attention, packing=args.packing, remat=args.remat,
-                           optimizer=args.optimizer, memory_only=args.memory_only)
+                           optimizer=args.optimizer, prng=args.prng,
+                           memory_only=args.memory_only)
   try:
     rows = run(sizes=_csv(args.size), peers=None if args.peers is None else _csv(args.peers),
                batch_size=args.batch_size,

@@ -50,18 +50,21 @@ class CpuPeakMemory:
     return max(peak - self._base, 0)
 
 
-def time_steps(step: Callable[[], None], steps: int, warmup: int,
-               after_warmup: Callable[[], Any]) -> list[float]:
-  """Seconds of each of `steps` calls of `step` (which blocks until done), after `warmup`."""
+def time_steps(step: Callable[[], None], sync: Callable[[], None], steps: int, warmup: int,
+               after_warmup: Callable[[], Any]) -> float:
+  """Seconds a step, `steps` calls of `step` run back to back as a training loop runs them:
+  each is dispatched without waiting for the one before, and `sync` (which blocks until the
+  last call's work is done) is called once, at the end; total / steps. First `warmup` calls
+  (compilation), `sync`, then `after_warmup`."""
   for _ in range(warmup):
     step()
+  sync()
   after_warmup()
-  times = []
+  start = time.perf_counter()
   for _ in range(steps):
-    start = time.perf_counter()
     step()
-    times.append(time.perf_counter() - start)
-  return times
+  sync()
+  return (time.perf_counter() - start) / steps
 
 
 def compiled_memory_bytes(compiled) -> dict[str, int]:

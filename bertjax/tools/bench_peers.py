@@ -3,7 +3,8 @@
 
 What each peer runs (its optimizer, loss, dtype handling, and how transformers 4.57.6 is set up
 for hf_flax) is in `bertjax.tools.bench`'s docstring, the command's --help; each returns the
-fields `bench.run` reads: {step_times_s, peak_memory_bytes, device, platform} (and attention).
+fields `bench.run` reads: {step_s (back to back, `bench_measure.time_steps`),
+peak_memory_bytes, device, platform} (and attention).
 """
 from __future__ import annotations
 
@@ -104,16 +105,16 @@ def bench_hf_flax(config: BertConfig, batch: dict[str, np.ndarray], dtype: str, 
 
   def step():
     nonlocal params, opt_state, rng
-    params, opt_state, rng, loss = train_step(params, opt_state, rng, inputs)
-    jax.block_until_ready((params, opt_state, loss))
+    params, opt_state, rng, _ = train_step(params, opt_state, rng, inputs)
 
-  times = bench_measure.time_steps(step, steps, warmup, memory.reset_peak)
+  step_s = bench_measure.time_steps(step, lambda: jax.block_until_ready((params, opt_state)),
+                                    steps, warmup, memory.reset_peak)
   if device.platform == "cpu":
     peak = memory.delta()
   else:
     peak = (device.memory_stats() or {}).get("peak_bytes_in_use", 0)
   del params, opt_state
-  return dict(step_times_s=times, peak_memory_bytes=int(peak), device=device.device_kind,
+  return dict(step_s=step_s, peak_memory_bytes=int(peak), device=device.device_kind,
               platform=device.platform)
 
 
@@ -154,16 +155,15 @@ def bench_torch(config: BertConfig, batch: dict[str, np.ndarray], dtype: str, st
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    if cuda:
-      torch.cuda.synchronize()
 
-  times = bench_measure.time_steps(step, steps, warmup,
-                                   memory.reset_peak if not cuda else lambda: None)
+  # On a GPU the step queues its kernels; on CPU it has finished when it returns.
+  step_s = bench_measure.time_steps(step, torch.cuda.synchronize if cuda else lambda: None,
+                                    steps, warmup, memory.reset_peak if not cuda else lambda: None)
   peak = torch.cuda.max_memory_allocated() if cuda else memory.delta()
   name = torch.cuda.get_device_name() if cuda else "cpu"
   attention = hf_config._attn_implementation  # pylint: disable=protected-access
   del model, optimizer
   if cuda:
     torch.cuda.empty_cache()
-  return dict(step_times_s=times, peak_memory_bytes=int(peak), device=name,
+  return dict(step_s=step_s, peak_memory_bytes=int(peak), device=name,
               platform=device.type, attention=attention)

@@ -58,12 +58,15 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
   if rows:
     r = rows[0]
     lines.append(f"batch {r['batch_size']} x seq {r['seq_len']}, {r['max_predictions']} "
-                 f"predictions/example; median of {r['steps']} steps, each blocked to completion.")
+                 f"predictions/example; step ms: {r['steps']} steps run back to back, blocked "
+                 "once at the end; tokens/s and GFLOP/step count real tokens and prediction "
+                 "slots.")
   for r in rows:
-    if "compiled_memory" in r:
+    if "compiled_memory" in r and r["step_ms"] is not None:
       lines.append(f"bertjax {r['size']}: attention {r['attention']}, packing {r['packing']}, "
-                   f"remat {r['remat']}, {r['optimizer']}; compiled memory per device "
-                   f"{r['compiled_memory']['total'] / 2**30:.2f} GiB.")
+                   f"remat {r['remat']}, {r['optimizer']}, {r['prng']}; compiled memory per "
+                   f"device {r['compiled_memory']['total'] / 2**30:.2f} GiB; compiled in "
+                   f"{r['step_compile_s']:.1f} s (step), {r['init_compile_s']:.1f} s (init).")
   lines.append(HF_LOGITS_NOTE)
   if len({r["platform"] for r in rows}) > 1:
     lines.append("WARNING: the peers ran on different platforms; the ratio compares devices.")

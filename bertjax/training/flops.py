@@ -1,20 +1,33 @@
 """Model FLOPs of a BERT train step and the peak FLOP/s of accelerators: what MFU is made of.
 
-Model FLOPs per step (`model_flops`), counting matmul weights only (biases, LayerNorm, softmax,
-GELU, embedding lookups and the optimizer are left out), 2 FLOPs per multiply-add, x3 for
-forward + backward:
-  6 * tokens * L * (4 H^2 + 2 H F)           q, k, v, output and feed-forward matmuls
-  + 12 * B * L * S^2 * H                     attention scores QK^T and probs x V
-  + 6 * B * P * (H^2 + H V)                  MLM transform and vocabulary projection at the
-                                             P = max_predictions gathered positions
-  + 6 * B * (H^2 + 2 H)                      pooler and NSP classifier on [CLS]
-with B = sequences per step, S = seq_len, tokens = B * S, L layers, H hidden, F intermediate,
-V vocab. A fine-tuning head is counted as the last line (pooler and a 2-way classifier); a head
-on every token (tagging, spans) adds 6 * tokens * H * labels more, under 0.1% of BERT-base's step.
+Model FLOPs per step (`model_flops`) count the real work of the step's batch (`Work`, from
+`work_of`): real tokens (input_mask's ones; a packed row's tokens of all its sequences), each
+real sequence's own length, and real prediction slots (masked_lm_weights > 0). Padding tokens,
+padding rows, empty packing slots and empty prediction slots are computed by the step but are
+not work. Matmul weights only (biases, LayerNorm, softmax, GELU, embedding lookups and the
+optimizer are left out), 2 FLOPs per multiply-add, x3 for forward + backward:
+  6 * T * L * (4 H^2 + 2 H F)                q, k, v, output and feed-forward matmuls
+  + 12 * L * H * sum_i n_i^2                 attention scores QK^T and probs x V
+  + 6 * P * (H^2 + H V)                      MLM transform and vocabulary projection at the
+                                             gathered real prediction slots
+  + 6 * N * (H^2 + 2 H)                      pooler and NSP classifier on each [CLS]
+with T real tokens, N real sequences of n_i real tokens each (T = sum_i n_i), P real prediction
+slots, L layers, H hidden, F intermediate, V vocab. The attention term is the one that changes
+meaning: 12 * B * L * S^2 * H for B rows of S tokens every one real, but for a padded row only
+its n real tokens' n x n scores, and for a packed row (block-diagonal attention) only each
+sequence's own n_i x n_i block, not the cross-sequence scores the mask throws away. A causal
+(left-to-right) model is counted as a bidirectional one. A fine-tuning head is counted as the
+last line (pooler and a 2-way classifier); a head on every token (tagging, spans) adds
+6 * T * H * labels more, under 0.1% of BERT-base's step.
 
 MFU = model FLOPs / step time / (devices x the device's dense peak for the compute dtype).
 """
 from __future__ import annotations
+
+import dataclasses
+from typing import Mapping
+
+import numpy as np
 
 from bertjax.models.config import BertConfig
 
@@ -47,18 +60,43 @@ def peak_flops(device_kind: str, dtype: str) -> float | None:
   return None
 
 
-def model_flops(config: BertConfig, batch_size: int, seq_len: int,
-                max_predictions: int) -> int:
-  """Training FLOPs of one step by the formula in the module docstring (exact integer).
+@dataclasses.dataclass(frozen=True)
+class Work:
+  """The real work of a batch, as `model_flops` counts it (module docstring)."""
+  tokens: int  # T: real tokens
+  sequences: int  # N: real sequences (a packed row's each)
+  squared_lengths: int  # sum_i n_i^2 over the real sequences
+  predictions: int  # P: real prediction slots (0 without an MLM head)
 
-  Args:
-    config: the encoder's sizes.
-    batch_size: sequences in the step (all devices, all micro-batches; for multiple choice,
-      questions x choices).
-    seq_len: tokens per sequence, padding included.
-    max_predictions: masked positions scored per sequence (0 for fine-tuning).
+
+def work_of(batch: Mapping[str, np.ndarray]) -> Work:
+  """The real work of a (numpy) batch.
+
+  Reads input_mask [..., seq] ([batch, seq], or [batch, choices, seq] for multiple choice: each
+  choice a sequence), sequence_ids [batch, seq] where packed (1..k, 0 at padding) and
+  masked_lm_weights [batch, predictions] where present.
   """
-  b, s, p = batch_size, seq_len, max_predictions
+  mask = np.asarray(batch["input_mask"])
+  seq = mask.shape[-1]
+  mask = mask.reshape(-1, seq) > 0  # [rows, seq]
+  if "sequence_ids" in batch:
+    ids = np.where(mask, np.asarray(batch["sequence_ids"]).reshape(-1, seq), 0)  # [rows, seq]
+    k = int(ids.max(initial=0)) + 1
+    # [rows * k]: tokens of sequence j in row r at r * k + j (j = 0: padding, dropped)
+    lengths = np.bincount((ids + k * np.arange(len(ids))[:, None]).ravel(),
+                          minlength=len(ids) * k).reshape(-1, k)[:, 1:]
+  else:
+    lengths = mask.sum(axis=-1)  # [rows]
+  lengths = lengths[lengths > 0].astype(np.int64)
+  weights = batch.get("masked_lm_weights")
+  return Work(tokens=int(mask.sum()), sequences=int(lengths.size),
+              squared_lengths=int(np.sum(lengths * lengths)),
+              predictions=0 if weights is None else int(np.count_nonzero(np.asarray(weights) > 0)))
+
+
+def model_flops(config: BertConfig, work: Work) -> int:
+  """Training FLOPs of one step doing `work`, by the formula in the module docstring (exact
+  integer; linear in the counts, so a step over several hosts' batches is the sum)."""
   h, f, l, v = config.hidden_size, config.intermediate_size, config.num_layers, config.vocab_size
-  return (6 * b * s * l * (4 * h * h + 2 * h * f) + 12 * b * l * s * s * h
-          + 6 * b * p * (h * h + h * v) + 6 * b * (h * h + 2 * h))
+  return (6 * work.tokens * l * (4 * h * h + 2 * h * f) + 12 * l * h * work.squared_lengths
+          + 6 * work.predictions * (h * h + h * v) + 6 * work.sequences * (h * h + 2 * h))

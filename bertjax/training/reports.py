@@ -12,10 +12,12 @@ in `bertjax.workdir`), from host 0 only:
 
 Training lines hold the task's metrics averaged over the steps since the last line (clu
 `Average`s merged step by step, so a mean over masked positions stays exact), the learning rate
-of the last step, and the throughput of the interval: examples_per_second, tokens_per_second
-(padding included), model_flops_per_step (`bertjax.training.flops.model_flops` of the global
-batch), model_tflops_per_device (those per second per device) and, where the device's peak is
-known (`flops.peak_flops`; not on CPU), mfu.
+of the last step, and the throughput of the interval, of real work only: examples_per_second
+(a packed row's examples each), tokens_per_second (real tokens: input_mask's ones, padding left
+out), model_flops_per_step (`bertjax.training.flops.model_flops` of the batches' real tokens,
+sequences and prediction slots), model_tflops_per_device (those per second per device) and,
+where the device's peak is known (`flops.peak_flops`; not on CPU), mfu. Over several hosts each
+host counts its own batch times the number of hosts (their batches are alike).
 
 TensorBoard events go through tensorboardX: clu's metric_writers package imports TensorFlow,
 which bertjax does not install.
@@ -71,15 +73,6 @@ def examples_in(batch: Batch) -> int:
   if weights is None or np.ndim(weights) < 2:
     return len(batch["input_ids"])
   return int(np.count_nonzero(weights))
-
-
-def step_flops(bert_config: BertConfig, batch: Batch) -> int:
-  """`flops.model_flops` of one step on this per-host batch, over all hosts: the sequences are
-  input_ids' rows ([batch, seq] or, for multiple choice, [batch, choices, seq])."""
-  input_ids = batch["input_ids"]
-  predictions = batch["masked_lm_positions"].shape[-1] if "masked_lm_positions" in batch else 0
-  return flops.model_flops(bert_config, batch_size=input_ids[..., 0].size * jax.process_count(),
-                           seq_len=input_ids.shape[-1], max_predictions=predictions)
 
 
 def keep_steps_up_to(path: epath.Path, step: int) -> None:
@@ -147,12 +140,13 @@ class Reports:
 
   def add(self, metrics: Any, batch: Batch) -> None:
     """One finished step: its metrics (a clu Collection, still on the device, so the step is
-    not waited for) and its per-host batch, whose examples, tokens and model FLOPs over all
-    hosts count towards the throughput."""
+    not waited for) and its per-host batch, whose real examples, tokens and model FLOPs
+    (times the number of hosts) count towards the throughput."""
     self._pending.append(metrics)
+    work = flops.work_of(batch)
     self._examples += examples_in(batch) * jax.process_count()
-    self._tokens += batch["input_ids"].size * jax.process_count()
-    self._flops += step_flops(self._bert_config, batch)
+    self._tokens += work.tokens * jax.process_count()
+    self._flops += flops.model_flops(self._bert_config, work) * jax.process_count()
 
   def write_train(self, step: int) -> dict[str, str]:
     """Writes the steps added since the last call as one line; returns the progress bar's
