@@ -41,6 +41,9 @@ def get_config(arg=None):
   # cudnn (GPU) or splash (TPU); fused kernels need attention_dropout_rate=0; auto = the
   # fastest the backend has, reference when attention_dropout_rate > 0
   config.model.remat = "none"  # recompute activations in the backward pass: none, full, dots
+  config.model.fused_qkv = False  # query, key, value as one matmul (the same three parameters)
+  config.model.mlm_logits_dtype = "float32"  # the MLM head's vocabulary logits: float32,
+  # bfloat16 or auto (= the compute dtype); its softmax and loss stay float32
   config.model.pad_vocab_to_multiple = 128  # embedding/MLM rows rounded up (never predicted)
   # Dropout 0.1 in the paper (configs/base.py); 0 here: the demo sees each example about once,
   # so dropout only slows learning, and drawing its random bits costs a quarter of a CPU step.

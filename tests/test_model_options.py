@@ -23,7 +23,7 @@ def test_auto_is_float32_on_this_cpu():
 def test_overrides_of_the_configs():
   assert model_options.bert_overrides(tiny.get_config().model) == dict(
       dropout_rate=0.0, attention_dropout_rate=0.0, attention="auto", remat="none",
-      pad_vocab_to_multiple=128, dtype="float32")
+      pad_vocab_to_multiple=128, fused_qkv=False, dtype="float32", mlm_logits_dtype="float32")
   # Fine-tuning keeps the pretrained model's padding (bert_config.json), so sets none.
   assert "pad_vocab_to_multiple" not in model_options.bert_overrides(finetuning.get_config().model)
   # A config.json of an older run, without the new fields, keeps BertConfig's defaults.
@@ -46,6 +46,7 @@ def test_fast_variant_of_base():
     (dict(attention="cudnn", dtype="bfloat16"), "cudnn attention needs an NVIDIA GPU"),
     (dict(attention="xla", attention_dropout_rate=0.1), "cannot drop attention probabilities"),
     (dict(remat="some"), "BertConfig.remat='some'"),
+    (dict(mlm_logits_dtype="float16"), "BertConfig.mlm_logits_dtype='float16'"),
 ])
 def test_pretraining_refuses_a_model_that_cannot_run_before_preparing(fields, message):
   from bertjax.tasks import pretraining_config  # pylint: disable=import-outside-toplevel

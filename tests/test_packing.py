@@ -88,6 +88,50 @@ def test_plan_packs_refuses_what_cannot_fit():
     packing.plan_packs([10], 32, 0)
 
 
+@pytest.mark.parametrize("length,k,predictions,prob", [
+    (24, 3, 4, 0.15), (40, 3, 5, 0.15), (40, 2, 3, 0.3), (33, 4, 20, 0.15), (30, 1, 2, 0.15)])
+def test_predictions_per_row_is_the_most_a_row_can_have(length, k, predictions, prob):
+  """W against every way of filling a row: 1 to k examples of >= 1 tokens, at most L in all."""
+
+  def most(tokens_left, examples_left):
+    if not examples_left:
+      return 0
+    return max([0] + [int(masking.num_to_predict(n, prob, predictions))
+                      + most(tokens_left - n, examples_left - 1)
+                      for n in range(1, tokens_left + 1)])
+
+  assert packing.predictions_per_row(length, k, predictions, prob) == most(length, k)
+
+
+def test_predictions_per_row_of_the_paper_lengths():
+  """The fast recipe's rows (k = 3): 21 slots at 128 tokens (not 60), 78 at 512 (not 240); one
+  example alone never reaches 20 at 128 (round(0.15 * 128) = 19)."""
+  assert packing.predictions_per_row(128, 3, 20, 0.15) == 21
+  assert packing.predictions_per_row(512, 3, 80, 0.15) == 78
+  assert packing.predictions_per_row(128, 1, 20, 0.15) == 19
+
+
+def test_pack_examples_lays_predictions_out_row_by_row():
+  """Each row's real predictions, example by example, positions shifted to the row; a row with
+  more predictions than its slots is refused."""
+  real_tokens = np.arange(8) < 4  # [seq = 8]: 4 real tokens an example
+  examples = {"input_ids": np.pad(np.arange(1, 13).reshape(3, 4), ((0, 0), (0, 4))),
+              "input_mask": np.tile(real_tokens, (3, 1)).astype(int),
+              "segment_ids": np.zeros((3, 8), int),
+              "masked_lm_positions": np.array([[1, 3, 0], [2, 0, 0], [1, 2, 3]], np.int32),
+              "masked_lm_ids": np.array([[2, 4, 0], [7, 0, 0], [10, 11, 12]], np.int32),
+              "masked_lm_weights": np.array([[1, 1, 0], [1, 0, 0], [1, 1, 1]], np.float32)}
+  slots = np.array([[True, True], [True, False]])  # examples 0, 1 in row 0; 2 in row 1
+  batch = packing.pack_examples(examples, slots, predictions=4)
+  np.testing.assert_array_equal(batch["input_ids"][0], [1, 2, 3, 4, 5, 6, 7, 8])
+  np.testing.assert_array_equal(batch["masked_lm_positions"], [[1, 3, 6, 0], [1, 2, 3, 0]])
+  np.testing.assert_array_equal(batch["masked_lm_ids"], [[2, 4, 7, 0], [10, 11, 12, 0]])
+  np.testing.assert_array_equal(batch["masked_lm_weights"], [[1, 1, 1, 0], [1, 1, 1, 0]])
+  assert packing.pack_examples(examples, slots)["masked_lm_ids"].shape == (2, 6)  # k * P
+  with pytest.raises(ValueError, match="3 predictions, more than its 2 slots"):
+    packing.pack_examples(examples, slots, predictions=2)
+
+
 # ----------------------------------------------------------------------------------------------
 # Plans in prepared data, and packed batches.
 
@@ -161,15 +205,16 @@ def test_a_packed_batch_holds_the_unpacked_examples(data):
   assert filled.sum() > 8  # rows hold several examples
   for key in ("input_ids", "segment_ids", "input_mask", "position_ids", "sequence_ids"):
     assert batch[key].shape == (8, SEQ) and batch[key].dtype == np.int32, key
-  assert batch["masked_lm_positions"].shape == (8, K * PREDICTIONS)
+  width = packing.predictions_per_row(SEQ, K, PREDICTIONS, 0.15)
+  assert width == 21 and packed.row_predictions == width  # not K * PREDICTIONS = 60
+  assert batch["masked_lm_positions"].shape == (8, width)
   assert batch["next_sentence_label"].shape == batch["example_weight"].shape == (8, K)
   np.testing.assert_array_equal(batch["example_weight"], filled.astype(np.float32))
   for row in range(8):
-    offset = 0
+    offset = first = 0  # the example's first token, and its first prediction slot
     for slot in range(K):
       if not filled[row, slot]:
         assert batch["cls_positions"][row, slot] == 0
-        assert not batch["masked_lm_weights"][row, slot * PREDICTIONS:].any()
         continue
       alone = unpacked._batch(  # pylint: disable=protected-access
           "train", records[row, slot:slot + 1], epochs[row:row + 1])
@@ -181,17 +226,20 @@ def test_a_packed_batch_holds_the_unpacked_examples(data):
       np.testing.assert_array_equal(batch["position_ids"][row, span], np.arange(n))
       assert (batch["sequence_ids"][row, span] == slot + 1).all()
       assert batch["next_sentence_label"][row, slot] == alone["next_sentence_label"][0]
-      predictions = slice(slot * PREDICTIONS, (slot + 1) * PREDICTIONS)
-      weights = alone["masked_lm_weights"][0]
-      np.testing.assert_array_equal(batch["masked_lm_weights"][row, predictions], weights)
+      real = alone["masked_lm_weights"][0] > 0  # the example's predictions, then the row's next
+      m = int(real.sum())
+      predictions = slice(first, first + m)
+      assert batch["masked_lm_weights"][row, predictions].tolist() == [1.0] * m
       np.testing.assert_array_equal(batch["masked_lm_ids"][row, predictions],
-                                    alone["masked_lm_ids"][0])
+                                    alone["masked_lm_ids"][0][real])
       np.testing.assert_array_equal(batch["masked_lm_positions"][row, predictions],
-                                    np.where(weights > 0, alone["masked_lm_positions"][0] + offset,
-                                             0))
+                                    alone["masked_lm_positions"][0][real] + offset)
       offset += n
+      first += m
     for key in ("input_ids", "input_mask", "position_ids", "sequence_ids"):
       assert not batch[key][row, offset:].any(), key  # padding after the last example
+    for key in ("masked_lm_positions", "masked_lm_ids", "masked_lm_weights"):
+      assert not batch[key][row, first:].any(), key  # empty prediction slots after the last
   # Resumed from the position after batch 0, the stream serves what followed it.
   fresh = packed.iterate(0)
   _, first = next(fresh)

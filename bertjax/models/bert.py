@@ -121,6 +121,24 @@ def make_dense(config: BertConfig, features: int, axes: tuple[str | None, str | 
       name=name)
 
 
+class DenseParams(nn.Module):
+  """The kernel [in, features] and bias [features] that `make_dense` with the same name would
+  make (same paths, init, order and axes), not applied: for projections that are fused at call
+  time (`SelfAttention` with fused_qkv)."""
+  config: BertConfig
+  features: int
+  axes: tuple[str | None, str | None]
+
+  @nn.compact
+  def __call__(self, in_features: int) -> tuple[jax.Array, jax.Array]:
+    kernel = self.param("kernel", kernel_init(self.config, self.axes),
+                        (in_features, self.features), self.config.storage_dtype)
+    bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros_init(),
+                                                           (self.axes[1],)),
+                      (self.features,), self.config.storage_dtype)
+    return kernel, bias
+
+
 def make_layer_norm(config: BertConfig, name: str) -> nn.LayerNorm:
   """LayerNorm over the hidden axis, computed in float32 whatever the compute dtype."""
   return nn.LayerNorm(
@@ -210,7 +228,9 @@ class SelfAttention(nn.Module):
   'reference' (the paper's einsum: float32 scores and softmax, dropout on the probabilities),
   'xla' or 'cudnn' (jax.nn.dot_product_attention: float32 scores and softmax as well, no
   dropout) or 'splash' (the TPU kernel). All of them give the same outputs at real tokens; the
-  parameters are the same.
+  parameters are the same. With `fused_qkv` the three projections are one matmul over their
+  kernels stacked at call time, [H, 3, H] (stacked, not concatenated, so a kernel split by heads
+  over a mesh stays split where it is); the parameters do not change.
   """
   config: BertConfig
 
@@ -239,7 +259,19 @@ class SelfAttention(nn.Module):
       # (Dropout_0) and draws from its rng stream.
       return Dropout(cfg.attention_dropout_rate)(probs, deterministic=deterministic)
 
-    query, key, value = heads("query"), heads("key"), heads("value")
+    if cfg.fused_qkv:
+      kernels, biases = zip(*(DenseParams(cfg, cfg.hidden_size, ("embed", "heads"), name=name)(
+          x.shape[-1]) for name in ("query", "key", "value")))
+      kernel = jnp.stack(kernels, axis=1).astype(cfg.compute_dtype)  # 3 x [H, H] -> [H, 3, H]
+      bias = jnp.stack(biases).astype(cfg.compute_dtype)  # 3 x [H] -> [3, H]
+      # [batch, seq, H] x [H, 3, H] -> [batch, seq, 3, H]
+      qkv = jnp.einsum("bsh,hjd->bsjd", x.astype(cfg.compute_dtype), kernel) + bias
+      # -> 3 x [batch, seq, heads, head_dim]
+      query, key, value = (constrain(qkv[:, :, j].reshape(batch, seq, cfg.num_heads,
+                                                           cfg.head_dim), HEADS_AXES)
+                           for j in range(3))
+    else:
+      query, key, value = heads("query"), heads("key"), heads("value")
     # q, k, v [batch, seq, heads, head_dim] -> context [batch, seq, heads, head_dim]
     context = constrain(attend(query, key, value, mask, cfg, dropout=drop_probs), HEADS_AXES)
     context = context.reshape(batch, seq, cfg.hidden_size)  # -> [batch, seq, hidden]

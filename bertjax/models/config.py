@@ -63,6 +63,12 @@ class BertConfig:
       pooler then reads each sequence's last real token (its final [SEP], the only one that
       sees the whole sequence, as OpenAI GPT classifies from its last token) instead of [CLS].
       A property of the weights, so bert_config.json records it and fine-tuning keeps it.
+    mlm_logits_dtype: what the MLM head's vocabulary projection writes its logits in,
+      'float32' or 'bfloat16' (with bfloat16 compute: half the bytes of the [batch, predictions,
+      vocab] logits and of their gradient, whose matmuls then take bfloat16 operands); the
+      output bias, the softmax and the loss are float32 either way.
+    fused_qkv: the query, key and value projections as one matmul, their three kernels stacked
+      at call time ([H, 3, H]); the parameters are the same three.
   """
   vocab_size: int = 30522
   hidden_size: int = 768
@@ -82,6 +88,8 @@ class BertConfig:
   remat: str = "none"
   pad_vocab_to_multiple: int = 128
   causal: bool = False
+  mlm_logits_dtype: str = "float32"
+  fused_qkv: bool = False
 
   def __post_init__(self):
     for field in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
@@ -100,7 +108,7 @@ class BertConfig:
     if self.hidden_act not in _ACTIVATIONS:
       raise ValueError(f"BertConfig.hidden_act={self.hidden_act!r}; use one of "
                        f"{sorted(_ACTIVATIONS)}.")
-    for field in ("dtype", "param_dtype"):
+    for field in ("dtype", "param_dtype", "mlm_logits_dtype"):
       if getattr(self, field) not in _DTYPES:
         raise ValueError(f"BertConfig.{field}={getattr(self, field)!r}; use one of "
                          f"{sorted(_DTYPES)}.")
@@ -120,8 +128,10 @@ class BertConfig:
           "attention='auto', which takes 'xla' in float32.")
     if self.remat not in REMATS:
       raise ValueError(f"BertConfig.remat={self.remat!r}; use one of {list(REMATS)}.")
-    if not isinstance(self.causal, bool):
-      raise ValueError(f"BertConfig.causal={self.causal!r}; it must be true or false.")
+    for field in ("causal", "fused_qkv"):
+      if not isinstance(getattr(self, field), bool):
+        raise ValueError(f"BertConfig.{field}={getattr(self, field)!r}; it must be true or "
+                         "false.")
 
   @property
   def padded_vocab_size(self) -> int:
@@ -141,6 +151,11 @@ class BertConfig:
   @property
   def storage_dtype(self) -> jnp.dtype:
     return jnp.dtype(_DTYPES[self.param_dtype])
+
+  @property
+  def logits_dtype(self) -> jnp.dtype:
+    """mlm_logits_dtype as a dtype."""
+    return jnp.dtype(_DTYPES[self.mlm_logits_dtype])
 
   @property
   def activation(self) -> Callable[[jax.Array], jax.Array]:

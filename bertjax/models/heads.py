@@ -121,8 +121,10 @@ class MaskedLM(nn.Module):
   """Masked-LM head: Dense(H) + activation + LayerNorm, then the tied vocabulary projection.
 
   The hidden states at `masked_lm_positions` are gathered before the transform, so only the
-  predicted positions pay for the [hidden, vocab] projection. Logits are float32, over the
-  padded vocabulary; the padded columns (>= vocab_size) are float32 min.
+  predicted positions pay for the [hidden, vocab] projection. The projection writes its logits in
+  `config.mlm_logits_dtype` (bfloat16 halves their bytes and makes their gradient's matmuls
+  bfloat16); the output bias is added in float32 and the head returns float32 logits, over the
+  padded vocabulary, the padded columns (>= vocab_size) float32 min.
   """
   config: BertConfig
 
@@ -147,14 +149,14 @@ class MaskedLM(nn.Module):
     h = bert.make_dense(cfg, cfg.hidden_size, ("embed", None), "transform")(h)
     h = cfg.activation(h)
     h = bert.make_layer_norm(cfg, "layer_norm")(h).astype(cfg.compute_dtype)
-    # [batch, p, hidden] x [padded_vocab, hidden] -> [batch, p, padded_vocab], float32
+    # [batch, p, hidden] x [padded_vocab, hidden] -> [batch, p, padded_vocab], logits_dtype
     logits = jnp.einsum("bph,vh->bpv", h, word_embeddings.astype(cfg.compute_dtype),
-                        preferred_element_type=jnp.float32)
+                        preferred_element_type=cfg.logits_dtype)
     output_bias = self.param(
         "output_bias",
         nn.with_logical_partitioning(nn.initializers.zeros_init(), ("vocab",)),
         (cfg.padded_vocab_size,), cfg.storage_dtype)
-    logits = logits + output_bias.astype(jnp.float32)
+    logits = logits.astype(jnp.float32) + output_bias.astype(jnp.float32)
     if cfg.padded_vocab_size == cfg.vocab_size:
       return logits
     # The padded columns get float32 min: exp() of it is 0, so they take no probability mass

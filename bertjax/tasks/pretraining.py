@@ -61,7 +61,8 @@ def make_terms(baseline_token: int, nsp: bool = True, left_to_right: bool = Fals
   sum of the MLM mean (cross-entropy over the real masked positions, masked_lm_weights) and the
   NSP mean (over the examples), with their accuracies and the MLM accuracy of always guessing
   `baseline_token` (the frequency baseline). Packed batches give the same terms per example:
-  their predictions are [batch, k * P] and their examples [batch, k].
+  their predictions are [batch, W] (`packing.predictions_per_row`) and their examples
+  [batch, k].
 
   Without `nsp` (No NSP, and the left-to-right LM) there are no NSP terms. `left_to_right` names
   the LM terms next_token_* (the batch's masked_lm_* are then every position's next token,

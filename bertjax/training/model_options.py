@@ -1,9 +1,11 @@
 """The run's choices for the encoder, from `config.model`: compute dtype, attention path, remat,
-vocabulary padding and dropout, resolved the same way for pretraining and fine-tuning.
+vocabulary padding, dropout, the MLM logits' dtype and fused QKV, resolved the same way for
+pretraining and fine-tuning.
 
 `dtype="auto"` (the configs' default) computes in bfloat16 on GPU and TPU and in float32 on CPU,
 where bfloat16 matmuls are emulated and slower; parameters, LayerNorm, the softmax and the loss
-stay float32 either way (`bertjax.models.bert`).
+stay float32 either way (`bertjax.models.bert`). `mlm_logits_dtype="auto"` (the fast configs')
+is the compute dtype.
 """
 from __future__ import annotations
 
@@ -36,12 +38,16 @@ def resolve_dtype(dtype: str, platform: str | None = None) -> str:
 
 def bert_overrides(model: ml_collections.ConfigDict) -> dict[str, Any]:
   """The BertConfig fields a run's `config.model` sets (a pretrained model's bert_config.json
-  gives the rest): dtype (resolved), dropout, attention, remat, pad_vocab_to_multiple. Fields a
-  config lacks (an older config.json) keep BertConfig's defaults."""
+  gives the rest): dtype (resolved), dropout, attention, remat, pad_vocab_to_multiple,
+  mlm_logits_dtype ("auto": the compute dtype), fused_qkv. Fields a config lacks (an older
+  config.json) keep BertConfig's defaults."""
   fields = ("dropout_rate", "attention_dropout_rate", "attention", "remat",
-            "pad_vocab_to_multiple")
+            "pad_vocab_to_multiple", "fused_qkv")
   overrides = {name: model[name] for name in fields if name in model}
   overrides["dtype"] = resolve_dtype(model.get("dtype", "float32"))
+  if "mlm_logits_dtype" in model:
+    logits = model.mlm_logits_dtype
+    overrides["mlm_logits_dtype"] = overrides["dtype"] if logits == AUTO else logits
   return overrides
 
 

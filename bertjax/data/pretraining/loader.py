@@ -19,8 +19,10 @@ Packing (`packing=True`): the stream is the phase's packs (packing.py: plans mad
 preparation) instead of its pairs, one pack a row, read and resumed exactly as pairs are. Each
 pair of a pack is masked as it would be unpacked, then the pairs are laid out one after the other
 in the row (packing.pack_examples), with position_ids, sequence_ids [batch, seq] and
-cls_positions [batch, k]; masked_lm_* become [batch, k * max_predictions], next_sentence_label
-and example_weight [batch, k] (example_weight 0 in empty slots). Evaluation is never packed.
+cls_positions [batch, k]; masked_lm_* become [batch, W], each row's real predictions first (W =
+packing.predictions_per_row: the most a row of k pairs can have, e.g. 21 at 128 tokens, k = 3,
+20 a pair), next_sentence_label and example_weight [batch, k] (example_weight 0 in empty slots).
+Evaluation is never packed.
 
 Contiguous spans (`contiguous=True`, prepared with --contiguous=true): the examples are the
 phase's spans of the No NSP and left-to-right ablations, `[CLS] A [SEP] B [SEP]` rows of
@@ -40,6 +42,7 @@ same per-host slices; the last batch is padded with all-zero rows of weight 0.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Iterator
@@ -248,6 +251,14 @@ class PairBatches:
     """grain's shuffle seed of the epoch orders of this phase."""
     return int(np.random.default_rng([self.masking.seed, _ORDER, self.length]).integers(2**31))
 
+  @functools.cached_property
+  def row_predictions(self) -> int:
+    """W, the prediction slots of a packed row (packing.predictions_per_row), for the masks'
+    masked_lm_prob (stored masks: the data's)."""
+    prob = self.data.flags["masked_lm_prob"] if self.stored else self.masking.masked_lm_prob
+    return packing.predictions_per_row(self.length, self.data.max_sequences_per_row(),
+                                       self.masking.max_predictions, prob)
+
   def records(self, split: str) -> shards.Records:
     """The examples of `split`: the phase's contiguous spans, or its pairs."""
     if self.contiguous:
@@ -283,7 +294,7 @@ class PairBatches:
     epochs = np.broadcast_to(np.asarray(epochs)[:, None], records.shape)
     examples = self._batch("train", records[filled], epochs[filled])  # [filled, ...] unpacked
     try:
-      batch = packing.pack_examples(examples, filled)
+      batch = packing.pack_examples(examples, filled, self.row_predictions)
     except ValueError as e:
       raise UserError(f"a packing plan of {self.data.directory} at {self.length} tokens is "
                       f"damaged ({e}); prepare the data again.") from None

@@ -14,8 +14,16 @@ the examples of a pack out in one row (`pack_examples`):
   cls_positions  [rows, k]    where each example's [CLS] is (0 for an empty slot)
   per-example keys ([n] unpacked, e.g. next_sentence_label, example_weight) -> [rows, k], 0 in
     empty slots
-  masked_lm_positions, masked_lm_ids, masked_lm_weights ([n, P] unpacked) -> [rows, k * P],
-    example j's P predictions at [j * P, (j + 1) * P), positions shifted to the row
+  masked_lm_positions, masked_lm_ids, masked_lm_weights ([n, P] unpacked) -> [rows, W]: the
+    row's real predictions, example by example, positions shifted to the row, then zeros (weight
+    0); W = `predictions_per_row`, the most a row of k examples can hold
+
+Prediction slots: an example of n tokens has masking.num_to_predict(n) = min(P, max(1,
+round(0.15 n))) predictions, so a row of at most L tokens needs far fewer than k * P slots: W is
+that count maximised over every way of filling the row (1 to k examples of any lengths), 21 for
+L = 128, k = 3, P = 20 (not 60) and 78 for 512, 3, 80 (not 240). Every prediction of every
+example keeps its slot, so the masks, the loss and the metrics are those of k * P slots; the MLM
+head gathers and scores W positions a row instead of k * P.
 """
 from __future__ import annotations
 
@@ -24,7 +32,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from bertjax.data.pretraining import shards
+from bertjax.data.pretraining import masking, shards
 from bertjax.errors import UserError
 
 TOKEN_KEYS = ("input_ids", "segment_ids", "input_mask")
@@ -129,6 +137,29 @@ def plan_packs(lengths: np.ndarray, max_seq_length: int, max_sequences_per_row: 
   return packs
 
 
+def predictions_per_row(max_seq_length: int, max_sequences_per_row: int,
+                        max_predictions_per_seq: int, masked_lm_prob: float) -> int:
+  """W: the most masked predictions a packed row can hold (module docstring).
+
+  The maximum, over 1 to k examples of n_j >= 1 tokens with sum(n_j) <= L, of
+  sum(masking.num_to_predict(n_j)); whole-word masking predicts at most as many. A knapsack over
+  the row's tokens, k rounds of O(L^2).
+
+  Args:
+    max_seq_length: L, the tokens of a row.
+    max_sequences_per_row: k, examples in a row at most.
+    max_predictions_per_seq: P, an example's predictions at most.
+    masked_lm_prob: the share of an example's tokens predicted.
+  """
+  lengths = np.arange(1, max_seq_length + 1)  # [L] an example's tokens
+  gain = masking.num_to_predict(lengths, masked_lm_prob, max_predictions_per_seq)  # [L]
+  best = np.zeros(max_seq_length + 1, np.int64)  # [L + 1] most predictions in <= t tokens
+  for _ in range(max_sequences_per_row):  # one more example each round
+    best = np.array([max(best[t], (best[t - lengths[:t]] + gain[:t]).max(initial=0))
+                     for t in range(max_seq_length + 1)])
+  return int(best[-1])
+
+
 def efficiency(real_tokens: int, rows: int, max_seq_length: int) -> float:
   """Real tokens / slots: real_tokens / (rows * max_seq_length)."""
   return float(real_tokens) / max(1, rows * max_seq_length)
@@ -213,7 +244,8 @@ class PackPlans:
 # The layout of a packed batch.
 
 
-def pack_examples(examples: Mapping[str, np.ndarray], slots: np.ndarray) -> dict[str, np.ndarray]:
+def pack_examples(examples: Mapping[str, np.ndarray], slots: np.ndarray,
+                  predictions: int | None = None) -> dict[str, np.ndarray]:
   """Lays out unpacked examples in packed rows (module docstring).
 
   Args:
@@ -222,13 +254,14 @@ def pack_examples(examples: Mapping[str, np.ndarray], slots: np.ndarray) -> dict
       keys [n] (any other key).
     slots: [rows, k] bool, True at the n filled slots; the examples fill them in row-major
       order (row 0's slots first).
+    predictions: W, the prediction slots of a row (`predictions_per_row`); None = k * P.
 
   Returns:
     The packed batch: every key of `examples` in its packed shape, and position_ids,
     sequence_ids [rows, seq], cls_positions [rows, k] int32.
 
   Raises:
-    ValueError: a row's examples are longer than seq together.
+    ValueError: a row's examples are longer than seq, or its predictions more than W, together.
   """
   slots = np.asarray(slots, bool)
   rows, k = slots.shape
@@ -265,13 +298,21 @@ def pack_examples(examples: Mapping[str, np.ndarray], slots: np.ndarray) -> dict
     out[key][slots] = value
   if "masked_lm_positions" in examples:
     real = examples["masked_lm_weights"] > 0  # [n, P]
-    shifted = {"masked_lm_positions": np.where(real, examples["masked_lm_positions"]
-                                               + offset[:, None], 0),
+    width = k * real.shape[1] if predictions is None else predictions
+    counts = np.zeros((rows, k), np.int64)
+    counts[slots] = real.sum(axis=1)  # [rows, k] each example's predictions
+    if (counts.sum(axis=1) > width).any():
+      raise ValueError(f"a row's examples have {counts.sum(axis=1).max()} predictions, more "
+                       f"than its {width} slots")
+    first = (np.cumsum(counts, axis=1) - counts)[slots]  # [n] each example's first slot
+    # Prediction j of example i (its rank among i's real ones: r) goes to
+    # (row_of[i], first[i] + r).
+    i, j = np.nonzero(real)  # [predictions] row-major: example by example, in order
+    rank = np.cumsum(real, axis=1)[i, j] - 1
+    shifted = {"masked_lm_positions": examples["masked_lm_positions"] + offset[:, None],
                "masked_lm_ids": examples["masked_lm_ids"],
                "masked_lm_weights": examples["masked_lm_weights"]}
-    width = real.shape[1]
     for key, value in shifted.items():
-      packed = np.zeros((rows, k, width), examples[key].dtype)  # [rows, k, P]
-      packed[slots] = value
-      out[key] = packed.reshape(rows, k * width)  # [rows, k * P]
+      out[key] = np.zeros((rows, width), examples[key].dtype)  # [rows, W]
+      out[key][row_of[i], first[i] + rank] = value[i, j]
   return out
