@@ -55,7 +55,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bertjax.models import bert, bilstm
+from bertjax.models import bert, bilstm, layers
 from bertjax.models.config import BertConfig
 from bertjax.models.dropout import Dropout
 
@@ -146,9 +146,9 @@ class MaskedLM(nn.Module):
     h = sequence_output
     if masked_lm_positions is not None:
       h = gather_positions(h, masked_lm_positions)  # -> [batch, num_predictions, hidden]
-    h = bert.make_dense(cfg, cfg.hidden_size, ("embed", None), "transform")(h)
+    h = layers.make_dense(cfg, cfg.hidden_size, ("embed", None), "transform")(h)
     h = cfg.activation(h)
-    h = bert.make_layer_norm(cfg, "layer_norm")(h).astype(cfg.compute_dtype)
+    h = layers.make_layer_norm(cfg, "layer_norm")(h).astype(cfg.compute_dtype)
     # [batch, p, hidden] x [padded_vocab, hidden] -> [batch, p, padded_vocab], logits_dtype
     logits = jnp.einsum("bph,vh->bpv", h, word_embeddings.astype(cfg.compute_dtype),
                         preferred_element_type=cfg.logits_dtype)
@@ -172,7 +172,7 @@ class NextSentence(nn.Module):
   @nn.compact
   def __call__(self, pooled_output: jax.Array) -> jax.Array:
     """[batch, hidden] -> float32 logits [batch, 2] ([batch, k, hidden] -> [batch, k, 2])."""
-    dense = bert.make_dense(self.config, 2, ("embed", None), "classifier", dtype=jnp.float32)
+    dense = layers.make_dense(self.config, 2, ("embed", None), "classifier", dtype=jnp.float32)
     return dense(pooled_output)
 
 
@@ -229,7 +229,7 @@ class SequenceClassification(nn.Module):
     """[batch, hidden] -> float32 logits [batch, num_labels] ([batch, k, hidden] ->
     [batch, k, num_labels])."""
     h = Dropout(self.config.dropout_rate)(pooled_output, deterministic=deterministic)
-    return bert.make_dense(self.config, self.num_labels, ("embed", None), "classifier",
+    return layers.make_dense(self.config, self.num_labels, ("embed", None), "classifier",
                            dtype=jnp.float32)(h)
 
 
@@ -242,7 +242,7 @@ class TokenTagging(nn.Module):
   def __call__(self, sequence_output: jax.Array, *, deterministic: bool) -> jax.Array:
     """[batch, seq, hidden] -> float32 logits [batch, seq, num_labels]."""
     h = Dropout(self.config.dropout_rate)(sequence_output, deterministic=deterministic)
-    return bert.make_dense(self.config, self.num_labels, ("embed", None), "classifier",
+    return layers.make_dense(self.config, self.num_labels, ("embed", None), "classifier",
                            dtype=jnp.float32)(h)
 
 
@@ -253,7 +253,7 @@ class Span(nn.Module):
   @nn.compact
   def __call__(self, sequence_output: jax.Array) -> tuple[jax.Array, jax.Array]:
     """[batch, seq, hidden] -> (start_logits, end_logits), each float32 [batch, seq]."""
-    logits = bert.make_dense(self.config, 2, ("embed", None), "classifier",
+    logits = layers.make_dense(self.config, 2, ("embed", None), "classifier",
                              dtype=jnp.float32)(sequence_output)  # [batch, seq, 2]
     return logits[..., 0], logits[..., 1]
 
@@ -266,7 +266,7 @@ class MultipleChoice(nn.Module):
   def __call__(self, pooled_output: jax.Array, *, deterministic: bool) -> jax.Array:
     """[batch, num_choices, hidden] -> float32 logits [batch, num_choices]."""
     h = Dropout(self.config.dropout_rate)(pooled_output, deterministic=deterministic)
-    return bert.make_dense(self.config, 1, ("embed", None), "classifier",
+    return layers.make_dense(self.config, 1, ("embed", None), "classifier",
                            dtype=jnp.float32)(h)[..., 0]
 
 

@@ -33,7 +33,7 @@ MESH_AXES = ("data", "fsdp", "tensor")
 # The batch is split over every axis that holds a replica of the computation: `data` and `fsdp`
 # (FSDP is data parallelism whose parameters are also split). Parameters follow their logical
 # axes: hidden ('embed') over `fsdp`, vocabulary / heads / feed-forward over `tensor`.
-# Activations (`bertjax.models.bert.constrain`) are split by batch rows over the same axes and,
+# Activations (`bertjax.models.layers.constrain`) are split by batch rows over the same axes and,
 # inside a layer, by heads or feed-forward columns over `tensor`; their hidden axis is never
 # split: without these constraints XLA follows the parameters' `fsdp` split of the hidden axis
 # into the activations, and an FSDP step moved activations between devices (all-to-alls, and

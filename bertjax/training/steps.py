@@ -196,7 +196,7 @@ def under_mesh(mesh: jax.sharding.Mesh, fn: Callable) -> Callable:
   it, in whichever thread jit traces it) and with bertjax's logical axis rules
   (`parallel.LOGICAL_RULES`): the model's fused attention kernels read the mesh to run on each
   device's shard of the batch and the heads (`bertjax.models.attention.attend`), and its
-  activation constraints (`bertjax.models.bert.constrain`) the rules."""
+  activation constraints (`bertjax.models.layers.constrain`) the rules."""
 
   @functools.wraps(fn)
   def traced_under_mesh(*args):

@@ -1,0 +1,78 @@
+"""The building blocks of bertjax's encoders and heads: initialisers, Dense and LayerNorm whose
+parameters carry logical axis names, and the logical axes of the activations.
+
+Parameters name their axes ('vocab', 'embed', 'heads', 'mlp'; see `bertjax.models.bert`'s
+parameter tree) and activations theirs (`HIDDEN_AXES`, `HEADS_AXES`, `MLP_AXES`, applied with
+`constrain`); `bertjax.training.parallel.LOGICAL_RULES` maps both onto a mesh. Off a mesh, the
+names change nothing.
+"""
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from bertjax.models.config import BertConfig
+
+
+def kernel_init(config: BertConfig, axes: tuple[str | None, ...],
+                zero_rows_from: int | None = None):
+  """The truncated-normal init of kernels and embedding tables, with logical axes; rows from
+  `zero_rows_from` on (the padded vocabulary rows, never read) start at 0."""
+  init = nn.initializers.truncated_normal(stddev=config.initializer_range)
+  if zero_rows_from is None:
+    return nn.with_logical_partitioning(init, axes)
+
+  def zero_padding_rows(key, shape, dtype=jnp.float32):
+    return init(key, shape, dtype).at[zero_rows_from:].set(0)
+  return nn.with_logical_partitioning(zero_padding_rows, axes)
+
+
+def make_dense(config: BertConfig, features: int, axes: tuple[str | None, str | None], name: str,
+               dtype=None) -> nn.Dense:
+  """A Dense [in, out] whose kernel carries `axes` and whose bias carries the output axis."""
+  return nn.Dense(
+      features, dtype=dtype or config.compute_dtype, param_dtype=config.storage_dtype,
+      kernel_init=kernel_init(config, axes),
+      bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), (axes[1],)),
+      name=name)
+
+
+class DenseParams(nn.Module):
+  """The kernel [in, features] and bias [features] that `make_dense` with the same name would
+  make (same paths, init, order and axes), not applied: for projections that are fused at call
+  time (`SelfAttention` with fused_qkv)."""
+  config: BertConfig
+  features: int
+  axes: tuple[str | None, str | None]
+
+  @nn.compact
+  def __call__(self, in_features: int) -> tuple[jax.Array, jax.Array]:
+    kernel = self.param("kernel", kernel_init(self.config, self.axes),
+                        (in_features, self.features), self.config.storage_dtype)
+    bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros_init(),
+                                                           (self.axes[1],)),
+                      (self.features,), self.config.storage_dtype)
+    return kernel, bias
+
+
+def make_layer_norm(config: BertConfig, name: str) -> nn.LayerNorm:
+  """LayerNorm over the hidden axis, computed in float32 whatever the compute dtype."""
+  return nn.LayerNorm(
+      epsilon=config.layer_norm_eps, dtype=jnp.float32, param_dtype=config.storage_dtype,
+      scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
+      bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), ("embed",)),
+      name=name)
+
+
+# Logical axes of the activations: [batch, seq, hidden], [batch, seq, heads, head_dim] and
+# [batch, seq, F]. `bertjax.training.parallel.LOGICAL_RULES` maps them onto the mesh.
+HIDDEN_AXES = ("activation_batch", "activation_length", "activation_embed")
+HEADS_AXES = ("activation_batch", "activation_length", "activation_heads", None)
+MLP_AXES = ("activation_batch", "activation_length", "activation_mlp")
+
+
+def constrain(x: jax.Array, axes: tuple[str | None, ...]) -> jax.Array:
+  """`x` with the sharding its logical `axes` map to, where a step is traced under a mesh and
+  logical axis rules (`bertjax.training.steps.under_mesh`); `x` itself elsewhere."""
+  return nn.with_logical_constraint(x, axes)
