@@ -219,7 +219,7 @@ def test_bilstm_on_top_trains_every_head_kind(kind, model_dir, data_dir, tmp_pat
 
 def test_bilstm_on_top_refuses_packing_and_hf_export(model_dir, data_dir, tmp_path):
   config = _config("glue", model_dir, data_dir)
-  config.data.packing = 4
+  config.data.packing = "4"
   with pytest.raises(UserError, match="data.packing=4 with model.bilstm_on_top.*packing=0"):
     finetuning.make_task(FINETUNING["sst2"], config, str(tmp_path))
   spec = dataclasses.replace(FINETUNING["sst2"],

@@ -52,7 +52,7 @@ def test_the_transformers_peer_fine_tunes_and_scores(prepared):
 
 def test_the_bertjax_command_is_a_fine_tuning_command(prepared, tmp_path):
   command = finetune_bench.bertjax_command(prepared, str(tmp_path), batch_size=16,
-                                           eval_batch_size=16, max_seq_length=32, packing=4,
+                                           eval_batch_size=16, max_seq_length=32, packing="4",
                                            length_buckets="auto")
   assert command[1:4] == ["-m", "bertjax.main", "--config=configs/glue.py"]
   config = glue_config.get_config()
@@ -65,17 +65,37 @@ def test_the_bertjax_command_is_a_fine_tuning_command(prepared, tmp_path):
         section = section[part]
       assert field in section, flag
   assert "--config.task=sst2" in command and "--config.data.packing=4" in command
+  # Without --packing and --length_buckets: the config's defaults, as a user runs it.
+  default = finetune_bench.bertjax_command(prepared, str(tmp_path), batch_size=16,
+                                           eval_batch_size=16, max_seq_length=32)
+  assert not [flag for flag in default if "packing" in flag or "length_buckets" in flag]
+
+
+def test_the_script_measures_the_defaults_which_pack(tmp_path):
+  """The script's own command line, bertjax only, on a tiny setting: the run takes
+  configs/glue.py's defaults, and data.packing="auto" packs the sentences (54.6 tokens on average
+  in 128: 2 a row), which the figures report (from the run's first line)."""
+  out = tmp_path / "figures.json"
+  assert finetune_bench.main([
+      "--num_train=64", "--num_dev=24", "--size=tiny", "--num_layers=2", "--vocab_size=400",
+      "--batch_size=16", "--eval_batch_size=8", "--peers=bertjax", f"--workdir={tmp_path}",
+      f"--json={out}"]) == 0
+  ran = json.loads(out.read_text())["bertjax"]
+  assert (ran["packing"], ran["length_buckets"]) == (2, "auto")
+  assert 0 <= ran["accuracy"] <= 1 and ran["cpu_seconds"] > 0
 
 
 def test_the_report(capsys):
   results = {"num_layers": 6, "size": "small", "num_train": 3200, "num_dev": 800,
-             "batch_size": 32, "packing": 4, "length_buckets": "auto",
-             "load_average_before": 0.5, "load_average_after": 1.0, "cpu_count": 2,
-             "bertjax": {"seconds": 80.0, "cpu_seconds": 150.0, "accuracy": 0.75},
+             "batch_size": 32, "load_average_before": 0.5, "load_average_after": 1.0,
+             "cpu_count": 2,
+             "bertjax": {"seconds": 80.0, "cpu_seconds": 150.0, "accuracy": 0.75, "packing": 4,
+                         "length_buckets": "auto"},
              "transformers": {"seconds": 100.0, "cpu_seconds": 190.0, "accuracy": 0.74}}
   text = finetune_bench.report(results)
   assert "  bertjax          80.0 s wall   150.0 s CPU   dev accuracy 0.7500" in text
   assert "bertjax is 1.25x as fast as transformers" in text
+  assert "bertjax packed 4 sentences a row, data.length_buckets='auto'" in text
   json.dumps(results)  # what --json writes
 
 

@@ -38,7 +38,11 @@ train.batch_size examples is laid out k to a row (`bertjax.data.pipeline`), each
 from its own [CLS] and attending only to itself, with the rows cut to the length buckets (up to
 k * max_seq_length). The batch is still the same examples, so the loss, the steps and the data
 positions are those of unpacked batches; evaluation predictions are put back in the examples'
-order. Short sentences then cost their own tokens, not a bucket's padding.
+order. Short sentences then cost their own tokens, not a bucket's padding. The default,
+data.packing="auto" (`auto_packing`), packs where this is exact and pays: a packable spec with
+length buckets, as many examples a row as fit in max_seq_length on average (the bundled movie
+reviews at 128: 4); every other task, and model.bilstm_on_top, stays unpacked. The run's first
+line says how many examples a row it took.
 """
 from __future__ import annotations
 
@@ -56,7 +60,7 @@ from etils import epath
 from bertjax import model_files, tokenization
 from bertjax.training import compile_ahead, model_options, parallel, steps, train
 from bertjax.training import task as task_lib
-from bertjax.data.pipeline import FeatureBatches
+from bertjax.data.pipeline import FeatureBatches, example_lengths
 from bertjax.errors import UserError
 from bertjax.models import attention
 from bertjax.models.config import BertConfig
@@ -224,19 +228,27 @@ def length_buckets(config: ml_collections.ConfigDict, examples_a_row: int = 0
   return tuple(sorted(lengths | {longest}))
 
 
-def packing(config: ml_collections.ConfigDict, spec: Spec) -> int:
+def packing(config: ml_collections.ConfigDict, spec: Spec, train: Features | None = None) -> int:
   """data.packing, the examples a row (0: one, unpacked), checked against the spec and the
-  batch sizes.
+  batch sizes; "auto" is `auto_packing`'s choice for the training features `train`.
 
   Raises:
-    UserError: packing below 0, asked of a task that cannot pack, or batch sizes that do not
-      make whole rows spread evenly over the hosts and the mesh's batch shards.
+    UserError: not "auto" or a whole number from 0, packing asked of a task that cannot pack, or
+      batch sizes that do not make whole rows spread evenly over the hosts and the mesh's batch
+      shards.
   """
-  k = config.data.packing
+  value = str(config.data.packing).strip().lower()
+  if value == "auto":
+    return auto_packing(config, spec, train)
+  try:
+    k = int(value)
+  except ValueError:
+    k = -1
   if not k:
     return 0
   if k < 0:
-    raise UserError(f"data.packing={k}; give the examples a row (e.g. 4), or 0 for none.")
+    raise UserError(f"data.packing={config.data.packing}; give the examples a row (e.g. 4), 0 "
+                    "for none, or auto.")
   if config.model.get("bilstm_on_top", False):
     raise UserError(f"data.packing={k} with model.bilstm_on_top: the BiLSTM would run across "
                     "the sequences packed in a row; set --config.data.packing=0 "
@@ -245,17 +257,43 @@ def packing(config: ml_collections.ConfigDict, spec: Spec) -> int:
     raise UserError(f"data.packing={k}: {spec.name} cannot pack (its model gives one output "
                     "per row, or per token); set --config.data.packing=0. data.length_buckets "
                     "cuts its padding instead.")
-  mesh = parallel.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
-  shards = parallel.num_batch_shards(mesh) * config.train.grad_accum_steps
+  shards = _row_shards(config)
   for name in ("batch_size", "eval_batch_size"):
     size = config.train[name]
-    if size % k or (size // k) % math.lcm(shards, jax.process_count()):
+    if size % k or (size // k) % shards:
       raise UserError(
           f"train.{name}={size} with data.packing={k} makes {size / k:g} rows, which must be "
-          f"whole and split over {math.lcm(shards, jax.process_count())} batch shards "
-          f"(devices, hosts and grad_accum_steps); make train.{name} a multiple of "
-          f"{k * math.lcm(shards, jax.process_count())}.")
+          f"whole and split over {shards} batch shards (devices, hosts and grad_accum_steps); "
+          f"make train.{name} a multiple of {k * shards}.")
   return k
+
+
+def auto_packing(config: ml_collections.ConfigDict, spec: Spec, train: Features | None) -> int:
+  """data.packing="auto": as many examples a row as fit in max_seq_length on average (the mean
+  length of the training features `train`), lowered to the largest k that makes whole rows of
+  both batch sizes spread evenly over the batch shards; 0 (unpacked) where packing is not exact
+  (a spec that cannot pack, model.bilstm_on_top), where rows are not cut to length buckets
+  (data.length_buckets="": a packed row would be k x max_seq_length wide), or where no k >= 2
+  fits."""
+  if (not spec.packable or not spec.padding_invariant or not length_buckets(config)
+      or config.model.get("bilstm_on_top", False) or not train):
+    return 0
+  mean = float(np.mean(example_lengths(train["input_mask"])))
+  fit = int(config.data.max_seq_length // max(mean, 1.0))
+  shards, tr = _row_shards(config), config.train
+  for k in range(fit, 1, -1):
+    if all(size % k == 0 and (size // k) % shards == 0
+           for size in (tr.batch_size, tr.eval_batch_size)):
+      return k
+  return 0
+
+
+def _row_shards(config: ml_collections.ConfigDict) -> int:
+  """What the rows of a packed batch must split over: the mesh's batch shards x grad_accum_steps,
+  and the hosts."""
+  mesh = parallel.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
+  shards = parallel.num_batch_shards(mesh) * config.train.grad_accum_steps
+  return math.lcm(shards, jax.process_count())
 
 
 def feature_batches(config: ml_collections.ConfigDict, features: Features, *, training: bool,
@@ -346,7 +384,7 @@ def make_task(spec: Spec, config: ml_collections.ConfigDict, workdir: str) -> ta
   `config` (see set_schedule)."""
   pretrained = load_pretrained(config, spec.name)
   data = spec.read(config, pretrained.tokenizer, workdir)
-  k = packing(config, spec)
+  k = packing(config, spec, data.train)
   buckets = length_buckets(config, k) if spec.padding_invariant else ()
   train_batches = feature_batches(config, data.train, training=True, buckets=buckets,
                                   examples_a_row=k)
@@ -380,7 +418,7 @@ def make_task(spec: Spec, config: ml_collections.ConfigDict, workdir: str) -> ta
             compile_ahead.distinct_shapes(eval_batches.eval_batches(), SAMPLED_EVAL_BATCHES))
 
   print(f"{data.summary} ({steps_per_epoch} steps per epoch, {config.train.num_train_steps} "
-        "steps)")
+        f"steps{f', {k} examples a row' if k else ''})")
   return task_lib.Task(
       model=model_of(spec, config, pretrained.bert_config, data), terms=spec.terms,
       batches=task_lib.Batches(train=train_batches.iterate, eval=eval_batches.eval_batches,

@@ -2,7 +2,7 @@
 
   python -m bertjax.tools.finetune_bench [--num_train=3200] [--num_dev=800] [--size=small]
       [--num_layers=6] [--batch_size=32] [--eval_batch_size=64] [--max_seq_length=128]
-      [--vocab_size=8000] [--packing=4] [--length_buckets=auto] [--peers=bertjax,transformers]
+      [--vocab_size=8000] [--packing=K] [--length_buckets=L] [--peers=bertjax,transformers]
       [--workdir=DIR] [--json=OUT.json]
 
 The task is the bundled movie-review sentences (`bertjax.data.finetuning.movie_reviews`,
@@ -17,8 +17,10 @@ and see the same token ids:
   makes (`bertjax.data.finetuning.glue.encode_examples`), written for the transformers peer.
 - bertjax: `python -m bertjax.main --config=configs/glue.py --config.task=sst2 ...` in a
   subprocess: the real command, with its start-up, data reading, compilation, checkpoint and
-  evaluation; `--packing` and `--length_buckets` are its `data.packing` (sentences a row) and
-  `data.length_buckets`.
+  evaluation, with configs/glue.py's defaults (data.packing="auto": as many sentences a row as
+  fit in max_seq_length on average, 4 here; data.length_buckets="auto"); `--packing` and
+  `--length_buckets` set its `data.packing` (sentences a row, 0 = one) and
+  `data.length_buckets` instead. The report gives the packing the run took (its first line).
 - transformers: `BertForSequenceClassification` (PyTorch) in a subprocess
   (`bertjax.tools.finetune_bench_torch`): AdamW with bertjax's
   settings (lr 2e-5, eps 1e-6, weight decay 0.01 off biases and LayerNorm, linear warmup over 10%
@@ -40,6 +42,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -56,7 +59,7 @@ from bertjax.data.finetuning import glue as glue_data
 from bertjax.data.finetuning import movie_reviews
 from bertjax.models import heads
 from bertjax.models.config import bert_config
-from bertjax.workdir import EVAL_RESULTS_FILE
+from bertjax.workdir import CONFIG_FILE, EVAL_RESULTS_FILE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -120,15 +123,17 @@ def prepare(directory: str, *, num_train: int, num_dev: int, size: str, num_laye
 
 
 def bertjax_command(prepared: Prepared, workdir: str, *, batch_size: int, eval_batch_size: int,
-                    max_seq_length: int, packing: int, length_buckets: str) -> list[str]:
-  """The bertjax fine-tuning command of the benchmark (one epoch, then the dev set)."""
+                    max_seq_length: int, packing: str | None = None,
+                    length_buckets: str | None = None) -> list[str]:
+  """The bertjax fine-tuning command of the benchmark (one epoch, then the dev set); packing
+  and length_buckets None: the config's defaults."""
   return [sys.executable, "-m", "bertjax.main", "--config=configs/glue.py",
           f"--workdir={workdir}", "--config.task=sst2",
           f"--config.init_checkpoint={prepared.model_dir}",
           f"--config.data.glue_dir={prepared.glue_dir}",
           f"--config.data.max_seq_length={max_seq_length}",
-          f"--config.data.packing={packing}",
-          f"--config.data.length_buckets={length_buckets}",
+          *([] if packing is None else [f"--config.data.packing={packing}"]),
+          *([] if length_buckets is None else [f"--config.data.length_buckets={length_buckets}"]),
           f"--config.train.batch_size={batch_size}",
           f"--config.train.eval_batch_size={eval_batch_size}",
           "--config.train.num_train_epochs=1"]
@@ -160,10 +165,16 @@ def timed(command: list[str], env: dict[str, str] | None = None
   return {"seconds": seconds, "cpu_seconds": cpu}, done.stdout
 
 
-def bertjax_result(workdir: str) -> dict[str, float]:
-  """The dev accuracy of a finished bertjax run, with its phases from metrics.jsonl."""
+def bertjax_result(workdir: str, stdout: str) -> dict[str, object]:
+  """The dev accuracy of a finished bertjax run, the sentences a row it packed (its first line
+  says "..., K examples a row)"; 0 when it does not) and its data.length_buckets."""
   with open(os.path.join(workdir, EVAL_RESULTS_FILE), encoding="utf-8") as f:
-    return {"accuracy": json.load(f)["accuracy"]}
+    accuracy = json.load(f)["accuracy"]
+  with open(os.path.join(workdir, CONFIG_FILE), encoding="utf-8") as f:
+    buckets = json.load(f)["data"]["length_buckets"]
+  packed = re.search(r", (\d+) examples a row\)", stdout)
+  return {"accuracy": accuracy, "packing": int(packed.group(1)) if packed else 0,
+          "length_buckets": buckets}
 
 
 def run(args: argparse.Namespace) -> dict[str, object]:
@@ -175,19 +186,17 @@ def run(args: argparse.Namespace) -> dict[str, object]:
   results: dict[str, object] = {
       "num_train": args.num_train, "num_dev": args.num_dev, "size": args.size,
       "num_layers": args.num_layers, "batch_size": args.batch_size,
-      "max_seq_length": args.max_seq_length, "packing": args.packing,
-      "length_buckets": args.length_buckets,
-      "jax_cache_dir": args.jax_cache_dir, "cpu_count": os.cpu_count(),
-      "load_average_before": os.getloadavg()[0]}
+      "max_seq_length": args.max_seq_length, "jax_cache_dir": args.jax_cache_dir,
+      "cpu_count": os.cpu_count(), "load_average_before": os.getloadavg()[0]}
   for peer in args.peers.split(","):
     if peer == "bertjax":
       workdir = os.path.join(directory, f"bertjax_run_{len(os.listdir(directory))}")
       env = {"JAX_COMPILATION_CACHE_DIR": args.jax_cache_dir} if args.jax_cache_dir else {}
-      times, _ = timed(bertjax_command(
+      times, out = timed(bertjax_command(
           prepared, workdir, batch_size=args.batch_size, eval_batch_size=args.eval_batch_size,
           max_seq_length=args.max_seq_length, packing=args.packing,
           length_buckets=args.length_buckets), env)
-      results["bertjax"] = {**times, **bertjax_result(workdir)}
+      results["bertjax"] = {**times, **bertjax_result(workdir, out)}
     elif peer == "transformers":
       times, out = timed(transformers_command(prepared, batch_size=args.batch_size,
                                               eval_batch_size=args.eval_batch_size))
@@ -201,11 +210,13 @@ def run(args: argparse.Namespace) -> dict[str, object]:
 
 def report(results: dict[str, object]) -> str:
   """The figures as a few lines of text."""
+  ran = results.get("bertjax", {})
   lines = [f"{results['num_layers']}-layer {results['size']} BERT, {results['num_train']} "
            f"training / {results['num_dev']} dev sentences, batch {results['batch_size']}, one "
-           f"epoch; bertjax data.packing={results['packing']}, data.length_buckets="
-           f"{results['length_buckets']!r}; load average {results['load_average_before']:.2f} "
-           f"before, {results['load_average_after']:.2f} after, on {results['cpu_count']} cores"]
+           f"epoch; bertjax packed {ran.get('packing', '-')} sentences a row, data.length_buckets="
+           f"{ran.get('length_buckets', '-')!r}; load average "
+           f"{results['load_average_before']:.2f} before, {results['load_average_after']:.2f} "
+           f"after, on {results['cpu_count']} cores"]
   for peer in ("bertjax", "transformers"):
     if peer in results:
       r = results[peer]
@@ -230,10 +241,12 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--max_seq_length", type=int, default=128)
   parser.add_argument("--vocab_size", type=int, default=8000,
                       help="sentencepiece vocabulary trained on the training sentences")
-  parser.add_argument("--packing", type=int, default=4,
-                      help="bertjax's data.packing: sentences a row (0 = one)")
-  parser.add_argument("--length_buckets", default="auto",
-                      help="bertjax's data.length_buckets ('' = pad every batch to the maximum)")
+  parser.add_argument("--packing", default=None,
+                      help="bertjax's data.packing: sentences a row (0 = one; default: the "
+                      "config's, auto)")
+  parser.add_argument("--length_buckets", default=None,
+                      help="bertjax's data.length_buckets ('' = pad every batch to the maximum; "
+                      "default: the config's, auto)")
   parser.add_argument("--peers", default="bertjax,transformers")
   parser.add_argument("--jax_cache_dir", default="",
                       help="JAX's persistent compilation cache for the bertjax run ('' = none)")
