@@ -123,15 +123,18 @@ def test_replica_groups_in_each_hlo_form_name_their_mesh_axes(groups, axes):
   assert found == hlo.Collective("all-gather", 8 * 128 * 4, axes, "", "%all-gather.3")
 
 
-def test_a_reduce_scatter_counts_its_input_and_async_starts_their_result():
+def test_a_reduce_scatter_counts_its_input_and_async_starts_their_results():
   text = "\n".join([
       "  %reduce-scatter = bf16[4,16]{1,0} reduce-scatter(%g), replica_groups=[4,2]<=[8], "
       "dimensions={0}",
       "  %all-gather-start = (f32[2], f32[4]) all-gather-start(%x), replica_groups=[4,2]<=[8]",
-      "  %all-gather-done = f32[4] all-gather-done(%all-gather-start)"])
+      "  %all-gather-done = f32[4] all-gather-done(%all-gather-start)",
+      "  %all-reduce-start = (f32[8], f32[4]) all-reduce-start(%a, %b), replica_groups=[4,2]<=[8]",
+      "  %all-reduce-done = (f32[8], f32[4]) all-reduce-done(%all-reduce-start)"])
   found = hlo.collectives(text, MESH)
   assert [(c.kind, c.nbytes) for c in found] == [("reduce-scatter", 2 * 4 * 16 * 2),
-                                                ("all-gather", 16)]
+                                                ("all-gather", 16), ("all-reduce", 32),
+                                                ("all-reduce", 16)]
 
 
 def test_an_all_reduce_that_each_device_slices_is_an_all_reduce_scatter():

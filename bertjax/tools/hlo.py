@@ -130,8 +130,9 @@ class _Module:
 def collectives(hlo_text: str, mesh: Mesh) -> list[Collective]:
   """Every collective in an optimized HLO module's text (async ones counted at their start).
 
-  An all-reduce that XLA combined from several arrays (a tuple) counts once per array. An
-  all-reduce array whose every use keeps only this device's slice of it is an
+  An all-reduce that XLA combined from several arrays (a tuple) gives one Collective per array
+  (`summary` counts its instruction once). An all-reduce array whose every use keeps only this
+  device's slice of it is an
   "all-reduce-scatter" (TPU's name for that form): a reduce-scatter, which XLA's CPU compiler
   writes as an all-reduce and a slice (GPU and TPU compilers fuse or rewrite it).
 
@@ -153,7 +154,7 @@ def collectives(hlo_text: str, mesh: Mesh) -> list[Collective]:
     op_name = _OP_NAME.search(line)
     op_name = op_name.group(1) if op_name else ""
     arrays = _ARRAY.findall(result)
-    if started:  # an async start's result holds the operand(s) and the result(s)
+    if started and kind != "all-reduce":  # (operands, results); an all-reduce-start's: results
       arrays = arrays[len(arrays) // 2:]
     if kind != "all-reduce":
       nbytes = sum(_array_bytes(f"{t}[{d}]") for t, d in arrays)
