@@ -48,6 +48,8 @@ def get_config(arg=None):
   config.train.learning_rate = 2e-5  # peak, then linear decay to 0
   config.train.lr_decay_power = 1.0  # decay after warmup as (1 - progress) ** power: 1.0 is
   # the paper's linear decay, 0.5 NVIDIA's with LAMB (see README)
+  config.train.lr_decay_from_step_0 = False  # true: progress counted from step 0, as the
+  # original TF code and NVIDIA's scheduler (the rate steps down as warmup ends)
   config.train.optimizer = "adamw"  # adamw (the paper) or lamb
   config.train.weight_decay = 0.01  # AdamW decay, off LayerNorm and biases
   config.train.frozen_params = ""  # top-level parameter groups never changed (no update, no

@@ -89,6 +89,8 @@ def get_config(arg=None):
   config.train.warmup_steps = 200  # linear warmup, then linear decay to 0
   config.train.lr_decay_power = 1.0  # decay after warmup as (1 - progress) ** power: 1.0 is
   # the paper's linear decay, 0.5 NVIDIA's with LAMB (see README)
+  config.train.lr_decay_from_step_0 = False  # true: progress counted from step 0, as the
+  # original TF code and NVIDIA's scheduler (the rate steps down as warmup ends)
   config.train.learning_rate = 2e-3  # peak; a tiny model takes a far larger rate than base
   config.train.optimizer = "adamw"  # adamw (the paper) or lamb (large batches; see README)
   config.train.weight_decay = 0.01  # AdamW decay, off LayerNorm and biases

@@ -234,6 +234,33 @@ def test_the_config_sets_the_decay_power():
   np.testing.assert_allclose(float(schedule(2)), 0.5, rtol=1e-6)
 
 
+def test_decay_from_step_0_is_nvidias_and_the_original_tf_schedule():
+  """train.lr_decay_from_step_0: NVIDIA's PolyWarmUpScheduler (progress = step / total; warmup
+  peak * progress / warmup_fraction, then peak * (1 - progress) ** power) and, at power 1,
+  google-research/bert's optimization.py (polynomial_decay from step 0, warmup overriding it),
+  written out here step by step."""
+  peak, total, warmup = 6e-3, 50, 14
+  train = tiny.get_config().train
+  train.update(learning_rate=peak, warmup_steps=warmup, num_train_steps=total,
+               lr_decay_power=0.5, lr_decay_from_step_0=True)
+  _, schedule = steps.make_optimizer(train)
+  for step in range(total + 3):
+    progress = step / total
+    nvidia = (peak * progress / (warmup / total) if progress < warmup / total
+              else peak * max(1.0 - progress, 0.0) ** 0.5)
+    np.testing.assert_allclose(float(schedule(step)), nvidia, rtol=1e-5, atol=1e-9)
+  assert float(schedule(warmup)) < 0.85 * peak  # the step down as warmup ends
+  train.update(lr_decay_power=1.0)
+  _, schedule = steps.make_optimizer(train)
+  for step in range(total):
+    decayed = peak * (1.0 - min(step, total) / total)
+    tf = peak * step / warmup if step < warmup else decayed
+    np.testing.assert_allclose(float(schedule(step)), tf, rtol=1e-5, atol=1e-9)
+  del train["lr_decay_from_step_0"]  # an earlier config: from the end of warmup
+  _, schedule = steps.make_optimizer(train)
+  np.testing.assert_allclose(float(schedule(warmup)), peak, rtol=1e-6)
+
+
 def test_unknown_optimizer_is_refused():
   with pytest.raises(UserError, match="train.optimizer='sgd'; use one of adamw, lamb"):
     optim.make_optimizer(num_train_steps=10, warmup_steps=0, optimizer="sgd")

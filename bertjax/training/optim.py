@@ -11,7 +11,8 @@ Two deliberate differences from the original TF code, both the common modern rea
   the correction.
 - After warmup the rate decays from the peak at `warmup_steps` to zero at `total_steps` (a
   continuous line); the TF code decayed from step 0, so the rate just after warmup was
-  `peak * (1 - warmup / total)`.
+  `peak * (1 - warmup / total)`. `decay_from_step_0=True` (train.lr_decay_from_step_0) is the
+  TF code's shape, and NVIDIA's.
 
 LAMB (You et al. 2020) is the large-batch alternative NVIDIA's and the MLPerf BERT entries
 pretrain with, here as NVIDIA's BERT recipe runs it (apex FusedLAMB with use_nvlamb=False): Adam's
@@ -19,9 +20,8 @@ bias-corrected step plus the decoupled decay, rescaled per parameter by the trus
 ||w|| / ||update|| only where weight decay applies (1 for biases and LayerNorm parameters, and
 everywhere when weight_decay is 0; 1 also where either norm is 0); the gradients clipped by global
 norm first, as FusedLAMB does. `optax.lamb` would scale every parameter. NVIDIA decays the rate
-as (1 - progress)^0.5 after warmup (its PolyWarmUpScheduler): `lr_decay_power=0.5` here, where
-the decay runs from the peak at warmup_steps (as above), not from step 0. Its settings are in the
-README.
+as (1 - progress)^0.5 after warmup (its PolyWarmUpScheduler), progress counted from step 0:
+`lr_decay_power=0.5` and `decay_from_step_0=True` here. Its settings are in the README.
 
 Frozen parameters (`frozen`, from train.frozen_params; the feature-based approach freezes 'bert'):
 their gradients are set to zero first (`optax.masked(optax.set_to_zero(), ...)`), so the clipping
@@ -36,6 +36,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 import jax
+import jax.numpy as jnp
 import optax
 
 from bertjax.errors import UserError
@@ -52,15 +53,18 @@ _NO_DECAY_MODULE_SUBSTRINGS = ("layer_norm", "layernorm")
 
 
 def learning_rate_schedule(peak: float, warmup_steps: int, total_steps: int,
-                           power: float = 1.0) -> optax.Schedule:
+                           power: float = 1.0, decay_from_step_0: bool = False) -> optax.Schedule:
   """BERT's schedule: 0 -> `peak` linearly over `warmup_steps`, then `peak` -> 0 at `total_steps`,
-  as `peak * (1 - (step - warmup_steps) / (total_steps - warmup_steps)) ** power`.
+  as `peak * (1 - (step - warmup_steps) / (total_steps - warmup_steps)) ** power`; with
+  `decay_from_step_0`, as `peak * (1 - step / total_steps) ** power` after warmup (the TF code's
+  and NVIDIA's PolyWarmUpScheduler's shape: the rate steps down when warmup ends).
 
   Args:
     peak: the learning rate reached at step `warmup_steps`.
     warmup_steps: steps of linear warmup (0: start at the peak).
     total_steps: the step at which the rate reaches 0 (and stays there).
     power: of the decay; 1.0 is BERT's linear decay, 0.5 NVIDIA's LAMB recipe.
+    decay_from_step_0: count the decay's progress from step 0 rather than from warmup's end.
   Returns:
     step (int scalar, counted in optimizer updates) -> learning rate (float32 scalar).
   """
@@ -77,6 +81,10 @@ def learning_rate_schedule(peak: float, warmup_steps: int, total_steps: int,
                     "(1.0: BERT's linear decay, 0.5: NVIDIA's LAMB recipe).")
   # A schedule with 0 transition steps is a constant; join only the pieces that exist. At power 1
   # polynomial_schedule is optax's linear_schedule.
+  if decay_from_step_0:
+    from_0 = optax.polynomial_schedule(peak, 0.0, power, total_steps)
+    return lambda step: jnp.where(step < warmup_steps, peak * step / max(warmup_steps, 1),
+                                  from_0(step))
   decay = optax.polynomial_schedule(peak, 0.0, power, max(total_steps - warmup_steps, 1))
   if warmup_steps == 0:
     return decay
@@ -190,7 +198,7 @@ def make_optimizer(*, learning_rate: float = 1e-4, num_train_steps: int, warmup_
                    b1: float = 0.9, b2: float = 0.999, eps: float = 1e-6,
                    weight_decay: float = 0.01, clip_norm: float | None = 1.0,
                    optimizer: str = "adamw", frozen: Sequence[str] = (),
-                   lr_decay_power: float = 1.0
+                   lr_decay_power: float = 1.0, lr_decay_from_step_0: bool = False
                    ) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """BERT's optimizer: clip by global norm, then AdamW (or LAMB) with the warmup + decay
   schedule.
@@ -210,13 +218,15 @@ def make_optimizer(*, learning_rate: float = 1e-4, num_train_steps: int, warmup_
     frozen: top-level parameter groups (e.g. "bert") that never change (module docstring).
       A name the parameters lack raises UserError at tx.init.
     lr_decay_power: the power of the decay after warmup (`learning_rate_schedule`).
+    lr_decay_from_step_0: the decay's progress counted from step 0 (`learning_rate_schedule`).
   Returns:
     (tx, schedule): `schedule(n)` is the learning rate of the n-th update (0-based), the n-th
     training step.
   """
   if optimizer not in OPTIMIZERS:
     raise UserError(f"train.optimizer={optimizer!r}; use one of {', '.join(OPTIMIZERS)}.")
-  schedule = learning_rate_schedule(learning_rate, warmup_steps, num_train_steps, lr_decay_power)
+  schedule = learning_rate_schedule(learning_rate, warmup_steps, num_train_steps, lr_decay_power,
+                                    lr_decay_from_step_0)
   make = optax.adamw if optimizer == "adamw" else lamb
   decay_mask = weight_decay_mask
   if frozen:

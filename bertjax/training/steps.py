@@ -53,14 +53,16 @@ def prng_impl(train_config: ml_collections.ConfigDict) -> str:
 def make_optimizer(train_config: ml_collections.ConfigDict):
   """optax AdamW (or LAMB) with BERT's schedule from the `train` section of the config;
   train.frozen_params (where the config has it) names parameter groups left unchanged, and
-  train.lr_decay_power (1.0 where an earlier config lacks it) shapes the decay."""
+  train.lr_decay_power and lr_decay_from_step_0 (1.0 and False where an earlier config lacks
+  them) shape the decay."""
   return optim.make_optimizer(
       learning_rate=train_config.learning_rate, num_train_steps=train_config.num_train_steps,
       warmup_steps=train_config.warmup_steps, b1=train_config.b1, b2=train_config.b2,
       eps=train_config.eps, weight_decay=train_config.weight_decay,
       clip_norm=train_config.clip_norm, optimizer=train_config.get("optimizer", "adamw"),
       frozen=optim.parse_frozen(train_config.get("frozen_params", "")),
-      lr_decay_power=train_config.get("lr_decay_power", 1.0))
+      lr_decay_power=train_config.get("lr_decay_power", 1.0),
+      lr_decay_from_step_0=train_config.get("lr_decay_from_step_0", False))
 
 
 def make_train_step(task: task_lib.Task, tx: optax.GradientTransformation,
