@@ -21,9 +21,6 @@ REPORTED = KINDS + ("all-reduce-scatter",)
 
 _BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
           "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
-# `%name = TYPE kind(` or `kind-start(`; TYPE is one array type or a tuple of them.
-_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%\S+ = (\(.*?\)|\S+) (" + "|".join(KINDS)
-                          + r")(-start)?\((.*)$")
 _ARRAY = re.compile(r"\b(" + "|".join(_BYTES) + r")\[([\d,]*)\]")
 _MESH_GROUPS = re.compile(r"replica_groups=mesh\[([^\]]*)\] \{([^}]*)\}")
 _IOTA_GROUPS = re.compile(r"replica_groups=\[(\d+),(\d+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?")
@@ -85,6 +82,7 @@ def _axes(groups: list[list[int]], mesh: Mesh) -> tuple[str, ...]:
   return tuple(name for name in mesh.axis_names if name in varying)
 
 
+# `%name = TYPE opcode(operands...`; TYPE is one array type or a tuple of them.
 _DEFINITION = re.compile(r"^\s*(?:ROOT )?(%[\w.-]+) = (\(.*?\)|\S+) ([\w-]+)\((.*)$")
 
 
@@ -142,12 +140,11 @@ def collectives(hlo_text: str, mesh: Mesh) -> list[Collective]:
   """
   module = _Module(hlo_text)
   found = []
-  for line in hlo_text.splitlines():
-    match = _INSTRUCTION.match(line)
-    if not match:
+  for name, (result, opcode, line) in module.defs.items():
+    kind = opcode.removesuffix("-start")
+    started = kind != opcode
+    if kind not in KINDS:
       continue
-    result, kind, started, _ = match.groups()
-    name = _DEFINITION.match(line).group(1)
     groups = _groups(line, mesh.devices.size)
     ways = max(len(g) for g in groups)
     axes = _axes(groups, mesh)
