@@ -63,6 +63,18 @@ def packed_attention_mask(sequence_ids: jax.Array) -> jax.Array:
   return (sequence_ids[:, :, None] == sequence_ids[:, None, :])[:, None]
 
 
+def window_mask(seq: int, window: int) -> jax.Array:
+  """Which keys each query may attend to in a local layer (ModernBERT's sliding window): those
+  at most `window` positions away, on either side.
+
+  Returns:
+    [1, 1, seq, seq] bool, True where |q - k| <= window (a band; broadcasts over the batch and
+    the heads).
+  """
+  positions = jnp.arange(seq)
+  return (jnp.abs(positions[:, None] - positions[None, :]) <= window)[None, None]
+
+
 def causal_mask(seq: int) -> jax.Array:
   """Which keys each query may attend to in a left-to-right model: itself and those before it.
 
@@ -85,16 +97,21 @@ class AttentionMask(NamedTuple):
   input_mask: jax.Array
   sequence_ids: jax.Array | None = None
 
-  def dense(self, causal: bool = False) -> jax.Array:
+  def dense(self, causal: bool = False, window: int | None = None) -> jax.Array:
     """[batch, 1, seq, seq] bool, True where query q may attend to key k: `attention_mask`
     unpacked, `packed_attention_mask` packed; with `causal` (BertConfig.causal) also only keys
-    k <= q (`causal_mask`). A padding query still attends some key (a real one before it, or
-    itself packed), so no softmax row is empty."""
+    k <= q (`causal_mask`); with a `window` (a local layer) only keys |q - k| <= window
+    (`window_mask`; a packed sequence's tokens are contiguous, so row distance is distance in
+    the sequence). A padding query still attends some key (a real one before it, or itself
+    packed or in a window), so no softmax row is empty."""
     if self.sequence_ids is None:
       dense = attention_mask(self.input_mask)
     else:
       dense = packed_attention_mask(self.sequence_ids)
-    return dense & causal_mask(dense.shape[-1]) if causal else dense
+    seq = dense.shape[-1]
+    if window is not None:  # itself too: a padding query far from every real key
+      dense = (dense & window_mask(seq, window)) | jnp.eye(seq, dtype=bool)[None, None]
+    return dense & causal_mask(seq) if causal else dense
 
   def segment_ids(self) -> jax.Array:
     """[batch, seq] int32 ids such that q may attend k iff their ids are equal: sequence_ids
@@ -162,7 +179,7 @@ def resolve_attention(config: BertConfig, backend: str | None = None,
 
 
 def dot_product_attention_kwargs(mask: AttentionMask, implementation: str,
-                                 causal: bool = False) -> dict:
+                                 causal: bool = False, window: int | None = None) -> dict:
   """The masking arguments of `jax.nn.dot_product_attention` for 'xla' or 'cudnn'.
 
   What each implementation honours (jax/_src/nn/functions.py and
@@ -184,18 +201,24 @@ def dot_product_attention_kwargs(mask: AttentionMask, implementation: str,
   PADDING_CAUSAL mask type, which skips the blocks above the diagonal); otherwise the dense mask
   is the causal one (`AttentionMask.dense(causal=True)`).
 
+  Local (a ModernBERT layer's `window`): both get the dense mask with the band
+  (`AttentionMask.dense(window=...)`). cuDNN's sliding window is one-sided (jax refuses a right
+  window without is_causal), so it reads the band as a bias and computes every block; 'xla'
+  would build the same mask from local_window_size.
+
   Args:
     mask: the batch's AttentionMask.
     implementation: 'xla' or 'cudnn'.
     causal: keys after the query are hidden too.
+    window: keys more than this far from the query are hidden too (None: none).
   Returns:
     {'mask': [batch, 1, seq, seq] bool} or {'key_value_seq_lengths': [batch] int32} (and
     'is_causal': True when causal).
   """
-  if implementation == "cudnn" and mask.sequence_ids is None:
+  if implementation == "cudnn" and mask.sequence_ids is None and window is None:
     lengths = {"key_value_seq_lengths": mask.input_mask.sum(axis=-1, dtype=jnp.int32)}
     return {**lengths, "is_causal": True} if causal else lengths
-  return {"mask": mask.dense(causal)}
+  return {"mask": mask.dense(causal, window)}
 
 
 def reference_attention(query: jax.Array, key: jax.Array, value: jax.Array, mask: jax.Array,
@@ -223,11 +246,13 @@ def reference_attention(query: jax.Array, key: jax.Array, value: jax.Array, mask
 
 
 def attend(query: jax.Array, key: jax.Array, value: jax.Array, mask: AttentionMask,
-           config: BertConfig, *, dropout: Callable[[jax.Array], jax.Array]) -> jax.Array:
+           config: BertConfig, *, dropout: Callable[[jax.Array], jax.Array],
+           window: int | None = None) -> jax.Array:
   """Multi-head attention on the path `resolve_attention` picks for this backend and length.
 
   Every path attends each query to the keys `mask` allows (and, in a causal model, only to
-  those at or before it) and gives the same outputs at real tokens.
+  those at or before it; in a local layer, only to those at most `window` away) and gives the
+  same outputs at real tokens.
 
   Args:
     query, key, value: [batch, seq, heads, head_dim] in the compute dtype.
@@ -235,21 +260,22 @@ def attend(query: jax.Array, key: jax.Array, value: jax.Array, mask: AttentionMa
     config: the model's BertConfig (attention, causal, head_dim, compute dtype).
     dropout: the attention-probability dropout, which only the 'reference' path applies (a
       fused path is chosen only when attention_dropout_rate is 0).
+    window: a local layer's window (`BertConfig.window`); None attends globally.
   Returns:
     [batch, seq, heads, head_dim], the heads' contexts before the output projection.
   """
   implementation = resolve_attention(config, seq_len=query.shape[1])
   if implementation == "reference":
-    return reference_attention(query, key, value, mask.dense(config.causal), config,
+    return reference_attention(query, key, value, mask.dense(config.causal, window), config,
                                dropout=dropout)
   if implementation == "splash":
-    return per_shard(functools.partial(splash_attention, causal=config.causal),
+    return per_shard(functools.partial(splash_attention, causal=config.causal, window=window),
                      query, key, value, mask)
 
   def dot_product_attention(query, key, value, mask):  # [batch, seq, heads, head_dim] in and out
     return jax.nn.dot_product_attention(
         query, key, value, implementation=implementation,
-        **dot_product_attention_kwargs(mask, implementation, config.causal))
+        **dot_product_attention_kwargs(mask, implementation, config.causal, window))
 
   if implementation == "cudnn":  # a custom call, which XLA cannot split
     return per_shard(dot_product_attention, query, key, value, mask)
@@ -297,14 +323,16 @@ def per_shard(kernel: Callable[..., jax.Array], query: jax.Array, key: jax.Array
 
 
 def splash_attention(query: jax.Array, key: jax.Array, value: jax.Array, mask: AttentionMask, *,
-                     causal: bool = False, interpret: bool = False) -> jax.Array:
+                     causal: bool = False, window: int | None = None,
+                     interpret: bool = False) -> jax.Array:
   """Multi-head attention by the Pallas splash-attention kernel (TPU), block-diagonal by segment.
 
   The kernel takes one example's [heads, seq, head_dim] and does not scale the logits, so the
   query is scaled by 1/sqrt(head_dim) here and the kernel is vmapped over the batch. It is made
   for the arrays it is given: `attend` calls this per shard (`per_shard`), so on a mesh it is
   made for one device's rows and heads. Its mask is
-  full (or, causal, the kernel's CausalMask, which also skips the blocks above the diagonal);
+  full (or, causal, the kernel's CausalMask, which also skips the blocks above the diagonal;
+  in a local layer its LocalMask of `window` keys a side, which skips the blocks outside the band);
   which sequence a query may attend comes from SegmentIds (`AttentionMask.segment_ids`), which
   the kernel applies in every block.
 
@@ -312,6 +340,7 @@ def splash_attention(query: jax.Array, key: jax.Array, value: jax.Array, mask: A
     query, key, value: [batch, seq, heads, head_dim] in the compute dtype; seq a multiple of 128.
     mask: the batch's AttentionMask.
     causal: keys after the query are hidden too (BertConfig.causal).
+    window: keys more than this far from the query are hidden too (a local layer).
     interpret: run the kernel in the Pallas interpreter (any backend, slow: for tests).
   Returns:
     [batch, seq, heads, head_dim].
@@ -323,9 +352,13 @@ def splash_attention(query: jax.Array, key: jax.Array, value: jax.Array, mask: A
     raise ValueError(f"splash attention needs a sequence length that is a multiple of 128, got "
                      f"{seq}; pad the sequences to a multiple of 128 or use attention=auto.")
   block = next(b for b in (512, 256, 128) if seq % b == 0)  # the largest tile that divides seq
+  if window is not None:
+    head_mask = splash.LocalMask((seq, seq), window_size=(window, 0 if causal else window),
+                                 offset=0)
+  else:
+    head_mask = (splash.CausalMask if causal else splash.FullMask)((seq, seq))
   kernel = splash.make_splash_mha(
-      splash.MultiHeadMask([(splash.CausalMask if causal else splash.FullMask)((seq, seq))]
-                           * heads),
+      splash.MultiHeadMask([head_mask] * heads),
       block_sizes=splash.BlockSizes(
           block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
           block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block),

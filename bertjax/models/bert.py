@@ -79,6 +79,7 @@ import jax.numpy as jnp
 from bertjax.models.attention import AttentionMask, attend
 from bertjax.models.config import BertConfig
 from bertjax.models.dropout import Dropout
+from bertjax.models.rotary import Rotation, rotate
 from bertjax.models.layers import (HEADS_AXES, HIDDEN_AXES, MLP_AXES, DenseParams, constrain,
                                    kernel_init, make_dense, make_layer_norm)
 
@@ -170,18 +171,25 @@ class SelfAttention(nn.Module):
   parameters are the same. With `fused_qkv` the three projections are one matmul over their
   kernels stacked at call time, [H, 3, H] (stacked, not concatenated, so a kernel split by heads
   over a mesh stays split where it is); the parameters do not change.
+
+  ModernBERT's attention (`bertjax.models.modernbert`) is this module without biases
+  (`BertConfig.use_bias`), its queries and keys rotated (`rotation`) and, in a local layer,
+  its keys limited to a `window`.
   """
   config: BertConfig
 
   @nn.compact
-  def __call__(self, x: jax.Array, mask: AttentionMask, *, deterministic: bool) -> jax.Array:
+  def __call__(self, x: jax.Array, mask: AttentionMask, *, deterministic: bool,
+               rotation: Rotation | None = None, window: int | None = None) -> jax.Array:
     """Attends each position to the keys `mask` allows (and, in a causal model, only to those
-    at or before it).
+    at or before it; in a local layer, only to those at most `window` away).
 
     Args:
       x: [batch, seq, hidden].
       mask: the batch's AttentionMask.
       deterministic: no dropout when True.
+      rotation: the positions' rotary embeddings, applied to queries and keys; None = none.
+      window: a local layer's window; None = global.
     Returns:
       [batch, seq, hidden] after the output projection (no residual, no LayerNorm).
     """
@@ -211,10 +219,14 @@ class SelfAttention(nn.Module):
                            for j in range(3))
     else:
       query, key, value = heads("query"), heads("key"), heads("value")
+    if rotation is not None:
+      query, key = rotate(query, rotation), rotate(key, rotation)
     # q, k, v [batch, seq, heads, head_dim] -> context [batch, seq, heads, head_dim]
-    context = constrain(attend(query, key, value, mask, cfg, dropout=drop_probs), HEADS_AXES)
+    context = constrain(attend(query, key, value, mask, cfg, dropout=drop_probs, window=window),
+                        HEADS_AXES)
     context = context.reshape(batch, seq, cfg.hidden_size)  # -> [batch, seq, hidden]
-    return make_dense(cfg, cfg.hidden_size, ("heads", "embed"), "output")(context)
+    return make_dense(cfg, cfg.hidden_size, ("heads", "embed"), "output",
+                      stddev=cfg.output_init_stddev)(context)
 
 
 class FeedForward(nn.Module):
@@ -256,8 +268,10 @@ class Layer(nn.Module):
 
 
 @functools.cache
-def layer_class(remat: str) -> type[nn.Module]:
-  """`Layer`, or `Layer` under activation checkpointing (`BertConfig.remat`).
+def layer_class(remat: str, layer: type[nn.Module] = Layer,
+                deterministic_argnum: int = 3) -> type[nn.Module]:
+  """`layer` (BERT's `Layer` by default), or it under activation checkpointing
+  (`BertConfig.remat`).
 
   'full' keeps only each layer's input and recomputes the layer in the backward pass. 'dots'
   also keeps the outputs of the matrix multiplies without batch dimensions
@@ -268,12 +282,14 @@ def layer_class(remat: str) -> type[nn.Module]:
   them, the largest activation at seq 512), nor are LayerNorm, GELU and softmax.
   prevent_cse stays True (the default): the layers are a Python loop, not a scan, so without it
   XLA could merge the recomputation back into the forward pass and keep the activations after
-  all. Argument 3 (self = 0, x, mask, deterministic) is static. Parameter names do not change.
+  all. The `deterministic` argument (3 for `Layer`: self = 0, x, mask, deterministic) is
+  static. Parameter names do not change.
   """
   if remat == "none":
-    return Layer
+    return layer
   policy = {"full": None, "dots": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims}
-  return nn.remat(Layer, static_argnums=(3,), prevent_cse=True, policy=policy[remat])
+  return nn.remat(layer, static_argnums=(deterministic_argnum,), prevent_cse=True,
+                  policy=policy[remat])
 
 
 class Encoder(nn.Module):

@@ -16,6 +16,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+ARCHITECTURES = ("bert", "modernbert")
+POOLINGS = ("cls", "mean")
 ATTENTIONS = ("auto", "reference", "xla", "cudnn", "splash")
 FUSED_ATTENTIONS = ("xla", "cudnn", "splash")  # no dropout on the attention probabilities
 REMATS = ("none", "full", "dots")
@@ -69,6 +71,20 @@ class BertConfig:
       output bias, the softmax and the loss are float32 either way.
     fused_qkv: the query, key and value projections as one matmul, their three kernels stacked
       at call time ([H, 3, H]); the parameters are the same three.
+    architecture: 'bert' (the paper's: post-LayerNorm, learned absolute positions and token
+      types, biases, GELU feed-forward, a tanh pooler) or 'modernbert' (Warner et al. 2024,
+      `bertjax.models.modernbert`: pre-LayerNorm without biases, GeGLU feed-forward of width
+      intermediate_size, rotary positions, local and global attention layers, a final norm, a
+      Dense-GELU-LayerNorm head; no token types, no position table, so max_position_embeddings
+      is only the context it was trained for).
+    local_attention: modernbert: the window of a local layer, in tokens: each query attends the
+      keys at most local_attention // 2 positions away (transformers' `local_attention`).
+    global_attention_every: modernbert: layer i attends globally when i % this == 0, locally
+      otherwise (3: layers 0, 3, 6, ... global).
+    rope_theta_global, rope_theta_local: modernbert: the rotary embeddings' base in global and
+      local layers (160,000 and 10,000 in ModernBERT's released models).
+    pooling: modernbert: what a sequence-level head reads: 'cls' (the first token of each
+      sequence) or 'mean' (the mean of its real tokens); BERT always pools [CLS] ('cls').
   """
   vocab_size: int = 30522
   hidden_size: int = 768
@@ -90,6 +106,12 @@ class BertConfig:
   causal: bool = False
   mlm_logits_dtype: str = "float32"
   fused_qkv: bool = False
+  architecture: str = "bert"
+  local_attention: int = 128
+  global_attention_every: int = 3
+  rope_theta_global: float = 160_000.0
+  rope_theta_local: float = 10_000.0
+  pooling: str = "cls"
 
   def __post_init__(self):
     for field in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
@@ -132,6 +154,66 @@ class BertConfig:
       if not isinstance(getattr(self, field), bool):
         raise ValueError(f"BertConfig.{field}={getattr(self, field)!r}; it must be true or "
                          "false.")
+    self._check_modernbert()
+
+  def _check_modernbert(self):
+    """The fields only 'modernbert' reads: valid, and at their defaults for 'bert'."""
+    if self.architecture not in ARCHITECTURES:
+      raise ValueError(f"BertConfig.architecture={self.architecture!r}; use one of "
+                       f"{list(ARCHITECTURES)}.")
+    if self.pooling not in POOLINGS:
+      raise ValueError(f"BertConfig.pooling={self.pooling!r}; use one of {list(POOLINGS)}.")
+    if not self.is_modernbert:
+      if self.pooling != "cls":
+        raise ValueError(f"BertConfig.pooling={self.pooling!r}: BERT pools [CLS] through its "
+                         "pooler; mean pooling is architecture='modernbert''s.")
+      return
+    if self.causal:
+      raise ValueError("BertConfig.causal=true is the paper's left-to-right BERT ablation; "
+                       "architecture='modernbert' is bidirectional only.")
+    for field in ("local_attention", "global_attention_every"):
+      value = getattr(self, field)
+      if not isinstance(value, int) or value < 1:
+        raise ValueError(f"BertConfig.{field}={value!r}; it must be a positive integer.")
+    if self.local_attention % 2:
+      raise ValueError(f"BertConfig.local_attention={self.local_attention} must be even (a "
+                       "query attends local_attention // 2 keys on each side).")
+    if self.head_dim % 2:
+      raise ValueError(f"rotary embeddings need an even head_dim, and hidden_size / num_heads "
+                       f"= {self.head_dim}; choose sizes with an even head_dim.")
+    for field in ("rope_theta_global", "rope_theta_local"):
+      if not getattr(self, field) > 1:
+        raise ValueError(f"BertConfig.{field}={getattr(self, field)!r}; it must be above 1.")
+
+  @property
+  def is_modernbert(self) -> bool:
+    return self.architecture == "modernbert"
+
+  @property
+  def use_bias(self) -> bool:
+    """Whether Dense and LayerNorm layers of the encoder (and the MLM transform) have biases:
+    BERT's do, ModernBERT's do not (its classifiers and MLM output bias still do)."""
+    return not self.is_modernbert
+
+  def window(self, layer: int) -> int | None:
+    """The local window of `layer` (keys at most this far from the query), or None where it
+    attends globally: every BERT layer, and ModernBERT's every global_attention_every-th."""
+    if not self.is_modernbert or layer % self.global_attention_every == 0:
+      return None
+    return self.local_attention // 2
+
+  def rope_theta(self, layer: int) -> float:
+    """The rotary base of a ModernBERT layer: global or local."""
+    return self.rope_theta_global if self.window(layer) is None else self.rope_theta_local
+
+  @property
+  def output_init_stddev(self) -> float | None:
+    """The init stddev of the kernels that write into the residual stream (attention and
+    feed-forward outputs, the MLM head's Dense): ModernBERT's initializer_range / sqrt(2 L)
+    (transformers' ModernBertPreTrainedModel._init_weights "out"); None = initializer_range."""
+    if not self.is_modernbert:
+      return None
+    return self.initializer_range / (2.0 * self.num_layers) ** 0.5
 
   @property
   def padded_vocab_size(self) -> int:
@@ -177,16 +259,41 @@ SIZES: dict[str, dict[str, int]] = {
 }
 
 
-def bert_config(size: str, **overrides) -> BertConfig:
-  """The BertConfig of a row of SIZES, with any field replaced by `overrides`.
+# ModernBERT's sizes (transformers' ModernBertConfig of answerdotai/ModernBERT-base and -large;
+# intermediate_size is each half of the GeGLU input projection), and a tiny one for CPU.
+MODERNBERT_SIZES: dict[str, dict[str, int]] = {
+    name: dict(num_layers=layers, hidden_size=hidden, num_heads=heads, intermediate_size=ffn)
+    for name, (layers, hidden, heads, ffn) in {
+        "tiny": (6, 128, 2, 192),
+        "base": (22, 768, 12, 1152),
+        "large": (28, 1024, 16, 2624),
+    }.items()
+}
+# What ModernBERT's released models share beyond their sizes (transformers' ModernBertConfig
+# defaults): the padded OLMo vocabulary, 8,192 tokens of context, LayerNorm eps 1e-5, exact GELU,
+# and no dropout.
+MODERNBERT_DEFAULTS = dict(
+    architecture="modernbert", vocab_size=50368, max_position_embeddings=8192,
+    layer_norm_eps=1e-5, hidden_act="gelu", dropout_rate=0.0, attention_dropout_rate=0.0)
+
+
+def bert_config(size: str, architecture: str = "bert", **overrides) -> BertConfig:
+  """The BertConfig of a row of SIZES (MODERNBERT_SIZES and MODERNBERT_DEFAULTS for
+  architecture='modernbert'), with any field replaced by `overrides`.
 
   Raises:
-    ValueError: unknown size, unknown field, or a resulting config that fails validation.
+    ValueError: unknown architecture, size or field, or a resulting config that fails
+      validation.
   """
-  if size not in SIZES:
-    raise ValueError(f"unknown BERT size {size!r}; use one of {list(SIZES)}.")
+  if architecture not in ARCHITECTURES:
+    raise ValueError(f"unknown architecture {architecture!r}; use one of {list(ARCHITECTURES)}.")
+  sizes = MODERNBERT_SIZES if architecture == "modernbert" else SIZES
+  if size not in sizes:
+    raise ValueError(f"unknown {'BERT' if architecture == 'bert' else 'ModernBERT'} size "
+                     f"{size!r}; use one of {list(sizes)}.")
   fields = {f.name for f in dataclasses.fields(BertConfig)}
   unknown = sorted(set(overrides) - fields)
   if unknown:
     raise ValueError(f"unknown BertConfig field(s) {unknown}; the fields are {sorted(fields)}.")
-  return BertConfig(**{**SIZES[size], **overrides})
+  defaults = MODERNBERT_DEFAULTS if architecture == "modernbert" else {}
+  return BertConfig(**{**defaults, **sizes[size], **overrides})

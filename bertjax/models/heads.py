@@ -55,7 +55,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bertjax.models import bert, bilstm, layers
+from bertjax.models import bert, bilstm, layers, modernbert
 from bertjax.models.config import BertConfig
 from bertjax.models.dropout import Dropout
 
@@ -104,6 +104,26 @@ def init_from_batch(model: nn.Module, rng: jax.Array, batch):
                     **_packing_kwargs(model, batch), deterministic=True)["params"]
 
 
+def make_encoder(config: BertConfig, *, use_pooler: bool, token_head: bool = False,
+                 name: str = "bert") -> nn.Module:
+  """The encoder of `config.architecture`: `bert.BertEncoder` or `modernbert.ModernBertEncoder`
+  (whose `token_head` puts its head on every token, as transformers' token-level ModernBERT
+  heads; BERT has no such head)."""
+  if config.is_modernbert:
+    return modernbert.ModernBertEncoder(config, use_pooler=use_pooler, token_head=token_head,
+                                        name=name)
+  return bert.BertEncoder(config, use_pooler=use_pooler, name=name)
+
+
+def classifier(config: BertConfig, features: int) -> nn.Dense:
+  """A head's output layer, Dense(features) with a bias, float32: 'classifier'. Initialised
+  as the encoder's kernels for BERT, with stddev hidden ** -0.5 for ModernBERT (transformers'
+  "final_out")."""
+  stddev = config.hidden_size ** -0.5 if config.is_modernbert else None
+  return layers.make_dense(config, features, ("embed", None), "classifier", dtype=jnp.float32,
+                           use_bias=True, stddev=stddev)
+
+
 def gather_positions(sequence: jax.Array, positions: jax.Array) -> jax.Array:
   """Picks the hidden states at given positions of each example.
 
@@ -130,7 +150,7 @@ class MaskedLM(nn.Module):
 
   @nn.compact
   def __call__(self, sequence_output: jax.Array, word_embeddings: jax.Array,
-               masked_lm_positions: jax.Array | None = None) -> jax.Array:
+               masked_lm_positions: jax.Array | None = None, transform=None) -> jax.Array:
     """Scores every vocabulary entry at the chosen (or all) positions.
 
     Args:
@@ -138,6 +158,8 @@ class MaskedLM(nn.Module):
       word_embeddings: [padded_vocab, hidden] the encoder's word-embedding table (the tied
         decoder).
       masked_lm_positions: [batch, num_predictions] positions to score; None = every position.
+      transform: [..., hidden] -> [..., hidden] in place of this head's own Dense, activation
+        and LayerNorm (ModernBERT's: its encoder's shared head); None = BERT's, here.
     Returns:
       float32 logits [batch, num_predictions, padded_vocab] ([batch, seq, padded_vocab] without
       positions); columns >= vocab_size are float32 min.
@@ -146,9 +168,12 @@ class MaskedLM(nn.Module):
     h = sequence_output
     if masked_lm_positions is not None:
       h = gather_positions(h, masked_lm_positions)  # -> [batch, num_predictions, hidden]
-    h = layers.make_dense(cfg, cfg.hidden_size, ("embed", None), "transform")(h)
-    h = cfg.activation(h)
-    h = layers.make_layer_norm(cfg, "layer_norm")(h).astype(cfg.compute_dtype)
+    if transform is not None:
+      h = transform(h)
+    else:
+      h = layers.make_dense(cfg, cfg.hidden_size, ("embed", None), "transform")(h)
+      h = cfg.activation(h)
+      h = layers.make_layer_norm(cfg, "layer_norm")(h).astype(cfg.compute_dtype)
     # [batch, p, hidden] x [padded_vocab, hidden] -> [batch, p, padded_vocab], logits_dtype
     logits = jnp.einsum("bph,vh->bpv", h, word_embeddings.astype(cfg.compute_dtype),
                         preferred_element_type=cfg.logits_dtype)
@@ -172,8 +197,7 @@ class NextSentence(nn.Module):
   @nn.compact
   def __call__(self, pooled_output: jax.Array) -> jax.Array:
     """[batch, hidden] -> float32 logits [batch, 2] ([batch, k, hidden] -> [batch, k, 2])."""
-    dense = layers.make_dense(self.config, 2, ("embed", None), "classifier", dtype=jnp.float32)
-    return dense(pooled_output)
+    return classifier(self.config, 2)(pooled_output)
 
 
 class BertForPreTraining(nn.Module):
@@ -207,12 +231,16 @@ class BertForPreTraining(nn.Module):
       (mlm_logits [batch, num_predictions or seq, padded_vocab], nsp_logits [batch, 2], or
       [batch, k, 2] with cls_positions, or None without next_sentence), float32.
     """
-    encoder = bert.BertEncoder(self.config, use_pooler=self.next_sentence, name="bert")
+    if self.next_sentence and self.config.is_modernbert:
+      raise ValueError("ModernBERT pretrains the masked LM alone; build BertForPreTraining "
+                       "with next_sentence=False (pretraining.nsp=false).")
+    encoder = make_encoder(self.config, use_pooler=self.next_sentence)
     out = encoder(input_ids, segment_ids, input_mask, position_ids=position_ids,
                   sequence_ids=sequence_ids, cls_positions=cls_positions,
                   deterministic=deterministic)
+    transform = encoder.prediction_head if self.config.is_modernbert else None
     mlm_logits = MaskedLM(self.config, name="masked_lm")(
-        out.sequence_output, encoder.word_embedding_table(), masked_lm_positions)
+        out.sequence_output, encoder.word_embedding_table(), masked_lm_positions, transform)
     if not self.next_sentence:
       return mlm_logits, None
     nsp_logits = NextSentence(self.config, name="next_sentence")(out.pooled_output)
@@ -229,8 +257,7 @@ class SequenceClassification(nn.Module):
     """[batch, hidden] -> float32 logits [batch, num_labels] ([batch, k, hidden] ->
     [batch, k, num_labels])."""
     h = Dropout(self.config.dropout_rate)(pooled_output, deterministic=deterministic)
-    return layers.make_dense(self.config, self.num_labels, ("embed", None), "classifier",
-                           dtype=jnp.float32)(h)
+    return classifier(self.config, self.num_labels)(h)
 
 
 class TokenTagging(nn.Module):
@@ -242,8 +269,7 @@ class TokenTagging(nn.Module):
   def __call__(self, sequence_output: jax.Array, *, deterministic: bool) -> jax.Array:
     """[batch, seq, hidden] -> float32 logits [batch, seq, num_labels]."""
     h = Dropout(self.config.dropout_rate)(sequence_output, deterministic=deterministic)
-    return layers.make_dense(self.config, self.num_labels, ("embed", None), "classifier",
-                           dtype=jnp.float32)(h)
+    return classifier(self.config, self.num_labels)(h)
 
 
 class Span(nn.Module):
@@ -253,8 +279,7 @@ class Span(nn.Module):
   @nn.compact
   def __call__(self, sequence_output: jax.Array) -> tuple[jax.Array, jax.Array]:
     """[batch, seq, hidden] -> (start_logits, end_logits), each float32 [batch, seq]."""
-    logits = layers.make_dense(self.config, 2, ("embed", None), "classifier",
-                             dtype=jnp.float32)(sequence_output)  # [batch, seq, 2]
+    logits = classifier(self.config, 2)(sequence_output)  # [batch, seq, 2]
     return logits[..., 0], logits[..., 1]
 
 
@@ -266,13 +291,12 @@ class MultipleChoice(nn.Module):
   def __call__(self, pooled_output: jax.Array, *, deterministic: bool) -> jax.Array:
     """[batch, num_choices, hidden] -> float32 logits [batch, num_choices]."""
     h = Dropout(self.config.dropout_rate)(pooled_output, deterministic=deterministic)
-    return layers.make_dense(self.config, 1, ("embed", None), "classifier",
-                           dtype=jnp.float32)(h)[..., 0]
+    return classifier(self.config, 1)(h)[..., 0]
 
 
 def encode(model: nn.Module, input_ids: jax.Array, segment_ids: jax.Array,
-           input_mask: jax.Array, *, use_pooler: bool = True, deterministic: bool,
-           **packing: jax.Array | None) -> bert.BertOutput:
+           input_mask: jax.Array, *, use_pooler: bool = True, token_head: bool = False,
+           deterministic: bool, **packing: jax.Array | None) -> bert.BertOutput:
   """A fine-tuning model's encoder ('bert') on its inputs, then, with `model.bilstm_on_top`,
   the BiLSTM ('bilstm', `bilstm.on_top`: its outputs and final states in place of the last
   layer and the pooler). Called in the model's compact __call__, which owns both.
@@ -281,6 +305,8 @@ def encode(model: nn.Module, input_ids: jax.Array, segment_ids: jax.Array,
     model: a BertFor* fine-tuning model (its config and bilstm_on_top).
     input_ids, segment_ids, input_mask: [batch, seq] int32.
     use_pooler: the head reads pooled_output.
+    token_head: a per-token head reads sequence_output (ModernBERT's shared head then runs on
+      every token, as transformers' token-level ModernBERT models).
     deterministic: no dropout when True.
     packing: position_ids, sequence_ids, cls_positions of a packed batch (None: unpacked).
   Raises:
@@ -290,9 +316,12 @@ def encode(model: nn.Module, input_ids: jax.Array, segment_ids: jax.Array,
   if model.bilstm_on_top and packed:
     raise ValueError("bilstm_on_top runs one LSTM over each row, across packed sequences; "
                      "give it unpacked batches.")
-  out = bert.BertEncoder(model.config, use_pooler=use_pooler and not model.bilstm_on_top,
-                         name="bert")(input_ids, segment_ids, input_mask, **packed,
-                                      deterministic=deterministic)
+  if model.bilstm_on_top and model.config.is_modernbert:
+    raise ValueError("bilstm_on_top is the paper's BERT ablation (Table 5); ModernBERT has no "
+                     "such model. Set model.bilstm_on_top=false.")
+  out = make_encoder(model.config, use_pooler=use_pooler and not model.bilstm_on_top,
+                     token_head=token_head)(input_ids, segment_ids, input_mask, **packed,
+                                            deterministic=deterministic)
   return bilstm.on_top(model.config, out, input_mask) if model.bilstm_on_top else out
 
 
@@ -328,7 +357,7 @@ class BertForTokenClassification(nn.Module):
   def __call__(self, input_ids: jax.Array, segment_ids: jax.Array, input_mask: jax.Array, *,
                deterministic: bool) -> jax.Array:
     """[batch, seq] int32 inputs -> float32 logits [batch, seq, num_labels]."""
-    out = encode(self, input_ids, segment_ids, input_mask, use_pooler=False,
+    out = encode(self, input_ids, segment_ids, input_mask, use_pooler=False, token_head=True,
                  deterministic=deterministic)
     return TokenTagging(self.config, self.num_labels, name="token_tagging")(
         out.sequence_output, deterministic=deterministic)
@@ -344,7 +373,7 @@ class BertForQuestionAnswering(nn.Module):
   def __call__(self, input_ids: jax.Array, segment_ids: jax.Array, input_mask: jax.Array, *,
                deterministic: bool) -> tuple[jax.Array, jax.Array]:
     """[batch, seq] int32 inputs -> (start_logits, end_logits), each float32 [batch, seq]."""
-    out = encode(self, input_ids, segment_ids, input_mask, use_pooler=False,
+    out = encode(self, input_ids, segment_ids, input_mask, use_pooler=False, token_head=True,
                  deterministic=deterministic)
     return Span(self.config, name="span")(out.sequence_output)
 

@@ -16,10 +16,11 @@ from bertjax.models.config import BertConfig
 
 
 def kernel_init(config: BertConfig, axes: tuple[str | None, ...],
-                zero_rows_from: int | None = None):
-  """The truncated-normal init of kernels and embedding tables, with logical axes; rows from
-  `zero_rows_from` on (the padded vocabulary rows, never read) start at 0."""
-  init = nn.initializers.truncated_normal(stddev=config.initializer_range)
+                zero_rows_from: int | None = None, stddev: float | None = None):
+  """The truncated-normal init (at two standard deviations) of kernels and embedding tables,
+  with logical axes: stddev `initializer_range` unless given; rows from `zero_rows_from` on (the
+  padded vocabulary rows, never read) start at 0."""
+  init = nn.initializers.truncated_normal(stddev=stddev or config.initializer_range)
   if zero_rows_from is None:
     return nn.with_logical_partitioning(init, axes)
 
@@ -29,11 +30,13 @@ def kernel_init(config: BertConfig, axes: tuple[str | None, ...],
 
 
 def make_dense(config: BertConfig, features: int, axes: tuple[str | None, str | None], name: str,
-               dtype=None) -> nn.Dense:
-  """A Dense [in, out] whose kernel carries `axes` and whose bias carries the output axis."""
+               dtype=None, use_bias: bool | None = None, stddev: float | None = None) -> nn.Dense:
+  """A Dense [in, out] whose kernel carries `axes` and whose bias carries the output axis; with
+  a bias as `config.use_bias` says unless `use_bias` is given (a classifier always has one)."""
   return nn.Dense(
       features, dtype=dtype or config.compute_dtype, param_dtype=config.storage_dtype,
-      kernel_init=kernel_init(config, axes),
+      use_bias=config.use_bias if use_bias is None else use_bias,
+      kernel_init=kernel_init(config, axes, stddev=stddev),
       bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), (axes[1],)),
       name=name)
 
@@ -41,7 +44,8 @@ def make_dense(config: BertConfig, features: int, axes: tuple[str | None, str | 
 class DenseParams(nn.Module):
   """The kernel [in, features] and bias [features] that `make_dense` with the same name would
   make (same paths, init, order and axes), not applied: for projections that are fused at call
-  time (`SelfAttention` with fused_qkv)."""
+  time (`SelfAttention` with fused_qkv). The bias is zeros, not a parameter, where the config
+  has no biases."""
   config: BertConfig
   features: int
   axes: tuple[str | None, str | None]
@@ -50,6 +54,8 @@ class DenseParams(nn.Module):
   def __call__(self, in_features: int) -> tuple[jax.Array, jax.Array]:
     kernel = self.param("kernel", kernel_init(self.config, self.axes),
                         (in_features, self.features), self.config.storage_dtype)
+    if not self.config.use_bias:
+      return kernel, jnp.zeros((self.features,), self.config.storage_dtype)
     bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros_init(),
                                                            (self.axes[1],)),
                       (self.features,), self.config.storage_dtype)
@@ -57,9 +63,11 @@ class DenseParams(nn.Module):
 
 
 def make_layer_norm(config: BertConfig, name: str) -> nn.LayerNorm:
-  """LayerNorm over the hidden axis, computed in float32 whatever the compute dtype."""
+  """LayerNorm over the hidden axis, computed in float32 whatever the compute dtype; with a
+  bias as `config.use_bias` says."""
   return nn.LayerNorm(
       epsilon=config.layer_norm_eps, dtype=jnp.float32, param_dtype=config.storage_dtype,
+      use_bias=config.use_bias,
       scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
       bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), ("embed",)),
       name=name)
