@@ -50,7 +50,7 @@ def get_config(arg=None):
   # the paper's linear decay, 0.5 NVIDIA's with LAMB (see README)
   config.train.lr_decay_from_step_0 = False  # true: progress counted from step 0, as the
   # original TF code and NVIDIA's scheduler (the rate steps down as warmup ends)
-  config.train.optimizer = "adamw"  # adamw (the paper) or lamb
+  config.train.optimizer = "adamw"  # adamw (the paper), lamb or stable_adamw (ModernBERT's)
   config.train.weight_decay = 0.01  # AdamW decay, off LayerNorm and biases
   config.train.frozen_params = ""  # top-level parameter groups never changed (no update, no
   # weight decay), comma-separated: "bert" = the encoder (configs/ner.py:feature_based)

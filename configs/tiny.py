@@ -91,8 +91,13 @@ def get_config(arg=None):
   # the paper's linear decay, 0.5 NVIDIA's with LAMB (see README)
   config.train.lr_decay_from_step_0 = False  # true: progress counted from step 0, as the
   # original TF code and NVIDIA's scheduler (the rate steps down as warmup ends)
+  config.train.lr_schedule = "linear"  # linear: warmup then the decay above (BERT's); wsd:
+  # warmup, the peak held, then a decay to 0 over the last decay_steps (ModernBERT's)
+  config.train.decay_steps = 0  # wsd: steps of the final decay (0 = none: the peak to the end)
+  config.train.decay_shape = "1-sqrt"  # wsd: 1-sqrt (ModernBERT's: 1 - sqrt(progress)) or linear
   config.train.learning_rate = 2e-3  # peak; a tiny model takes a far larger rate than base
-  config.train.optimizer = "adamw"  # adamw (the paper) or lamb (large batches; see README)
+  config.train.optimizer = "adamw"  # adamw (the paper), lamb (large batches; see README) or
+  # stable_adamw (ModernBERT's: AdamW with each tensor's update clipped, Wortsman et al. 2023)
   config.train.weight_decay = 0.01  # AdamW decay, off LayerNorm and biases
   config.train.b1 = 0.9  # AdamW: decay of the first moment (the gradients' moving average)
   config.train.b2 = 0.999  # AdamW: decay of the second moment (the squared gradients')

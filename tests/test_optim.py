@@ -1,5 +1,6 @@
-"""Tests of bertjax.training.optim: schedule values, the weight-decay mask, AdamW against a hand-written
-update, clipping and gradient accumulation (tiny pytrees, CPU, about a second)."""
+"""Tests of bertjax.training.optim: schedule values (BERT's and warmup-stable-decay), the
+weight-decay mask, AdamW, LAMB and StableAdamW against hand-written updates, clipping (tiny
+pytrees, CPU, a few seconds)."""
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -262,5 +263,144 @@ def test_decay_from_step_0_is_nvidias_and_the_original_tf_schedule():
 
 
 def test_unknown_optimizer_is_refused():
-  with pytest.raises(UserError, match="train.optimizer='sgd'; use one of adamw, lamb"):
+  with pytest.raises(UserError,
+                     match="train.optimizer='sgd'; use one of adamw, lamb, stable_adamw"):
     optim.make_optimizer(num_train_steps=10, warmup_steps=0, optimizer="sgd")
+
+
+def _wsd_by_hand(step, *, peak, warmup, total, decay, shape):
+  """Warmup-stable-decay written out: warmup from 0, the plateau, the decay over the last `decay`
+  steps (1 - sqrt(progress) or 1 - progress), 0 from `total` on."""
+  if step < warmup:
+    return peak * step / warmup
+  if decay == 0 or step < total - decay:
+    return peak
+  progress = min((step - (total - decay)) / decay, 1.0)
+  return peak * (1.0 - (np.sqrt(progress) if shape == "1-sqrt" else progress))
+
+
+@pytest.mark.parametrize("shape", ["1-sqrt", "linear"])
+@pytest.mark.parametrize("warmup, total, decay", [(10, 100, 20),  # warmup, plateau, decay
+                                                  (0, 50, 50),    # the decay alone
+                                                  (7, 30, 23),    # no plateau
+                                                  (5, 40, 0)])    # no decay: the plateau to the end
+def test_wsd_schedule_is_warmup_plateau_decay_step_by_step(shape, warmup, total, decay):
+  """train.lr_schedule=wsd through the config, against the schedule written out in numpy at
+  every step; the decay ends at exactly 0 at num_train_steps."""
+  peak = 8e-4
+  train = tiny.get_config().train
+  train.update(learning_rate=peak, warmup_steps=warmup, num_train_steps=total,
+               lr_schedule="wsd", decay_steps=decay, decay_shape=shape)
+  _, schedule = steps.make_optimizer(train)
+  for step in range(total + 5):
+    by_hand = _wsd_by_hand(step, peak=peak, warmup=warmup, total=total, decay=decay, shape=shape)
+    np.testing.assert_allclose(float(schedule(step)), by_hand, rtol=1e-5, atol=1e-12, err_msg=step)
+  if decay:
+    assert float(schedule(total)) == 0.0 and float(schedule(total + 3)) == 0.0
+    assert float(schedule(total - decay)) == pytest.approx(peak)
+    assert float(schedule(total - 1)) > 0.0
+  else:
+    assert float(schedule(total)) == pytest.approx(peak)
+
+
+def test_wsd_one_minus_sqrt_is_not_nvidias_power_half():
+  """1-sqrt (Hägele et al. 2024) drops fast at first: a quarter of the way into the decay the rate
+  is half the peak, where (1 - progress) ** 0.5 would still be at 87%."""
+  schedule = optim.wsd_schedule(1.0, warmup_steps=0, total_steps=8, decay_steps=8)
+  np.testing.assert_allclose([float(schedule(s)) for s in (0, 2, 8)], [1.0, 0.5, 0.0], atol=1e-7)
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(lr_schedule="cosine"), "train.lr_schedule='cosine'; use one of linear, wsd"),
+    (dict(lr_schedule="wsd", decay_shape="cosine"),
+     "train.decay_shape='cosine'; use one of 1-sqrt, linear"),
+    (dict(lr_schedule="wsd", decay_steps=91), r"decay_steps=91 must lie in \[0, num_train_steps"),
+    (dict(lr_schedule="wsd", decay_steps=-1), r"decay_steps=-1 must lie in \[0, num_train_steps"),
+    (dict(decay_steps=20), "train.decay_steps=20 shapes the wsd schedule only"),
+    (dict(lr_schedule="wsd", decay_steps=20, lr_decay_power=0.5),
+     "lr_decay_from_step_0 shape the linear schedule only"),
+    (dict(lr_schedule="wsd", lr_decay_from_step_0=True),
+     "lr_decay_from_step_0 shape the linear schedule only"),
+])
+def test_bad_wsd_settings_are_refused(fields, message):
+  """An unknown schedule or decay shape, a decay longer than the steps after warmup (100 - 10 here)
+  or below 0, and a field of one schedule set under the other: one UserError each."""
+  train = tiny.get_config().train
+  train.update(warmup_steps=10, num_train_steps=100, **fields)
+  with pytest.raises(UserError, match=message):
+    steps.make_optimizer(train)
+
+
+def test_a_config_without_the_wsd_fields_keeps_the_linear_schedule():
+  train = tiny.get_config().train
+  train.update(learning_rate=1.0, warmup_steps=0, num_train_steps=4)
+  for name in ("lr_schedule", "decay_steps", "decay_shape"):
+    del train[name]
+  _, schedule = steps.make_optimizer(train)
+  np.testing.assert_allclose([float(schedule(s)) for s in range(5)], [1.0, 0.75, 0.5, 0.25, 0.0])
+
+
+def _stable_adamw_by_hand(grads_list, *, lr, wd_full, warmup, total, b1, b2, eps):
+  """optimi's StableAdamW with decouple_lr=True (ModernBERT's "decoupled_stableadamw"), as
+  `_single_param_stableadamw` and Wortsman et al. 2023's Algorithm 1 write it, in numpy float64:
+  the moments kept debiased (beta_hat = beta (1 - beta^(t-1)) / (1 - beta^t)), each tensor's rate
+  divided by max(1, RMS), RMS = sqrt(mean(g^2 / max(v, eps^2))), then p *= 1 - (rate / peak) *
+  wd_full where p decays, and p -= rate * m / (sqrt(v) + eps). No clipping, linear schedule.
+  Returns (params, the RMS of each tensor at each update)."""
+  params = jax.tree.map(lambda p: np.asarray(p, np.float64), _tiny_params())
+  decays = {"dense": {"kernel": True, "bias": False},
+            "layer_norm": {"scale": False, "bias": False}}
+  m = jax.tree.map(np.zeros_like, params)
+  v = jax.tree.map(np.zeros_like, params)
+  rms_seen = []
+  for t, grads in enumerate(grads_list, start=1):
+    n = t - 1
+    rate = lr * n / warmup if n < warmup else lr * (1 - (n - warmup) / (total - warmup))
+    beta1_hat = b1 * (1 - b1**(t - 1)) / (1 - b1**t)
+    beta2_hat = b2 * (1 - b2**(t - 1)) / (1 - b2**t)
+    for module in params:
+      for name, p in params[module].items():
+        g = np.asarray(grads[module][name], np.float64)
+        m[module][name] = beta1_hat * m[module][name] + (1 - beta1_hat) * g
+        v[module][name] = beta2_hat * v[module][name] + (1 - beta2_hat) * g * g
+        rms = np.sqrt(np.mean(g * g / np.maximum(v[module][name], eps * eps)))
+        rms_seen.append(rms)
+        step_rate = rate / max(1.0, rms)
+        if decays[module][name]:
+          p = p * (1 - (step_rate / lr) * wd_full)
+        params[module][name] = p - step_rate * m[module][name] / (np.sqrt(v[module][name]) + eps)
+  return params, rms_seen
+
+
+def test_stable_adamw_matches_optimis_algorithm_by_hand():
+  """Three StableAdamW updates with ModernBERT's betas and eps against optimi's StableAdamW
+  written out in numpy: the gradients grow tenfold at the second update, so its RMS exceeds 1 and
+  the update is clipped; ModernBERT's fully decoupled weight decay wd' is weight_decay = wd' /
+  peak here. AdamW, without the clipping, ends elsewhere."""
+  lr, total, wd_full = 8e-4, 10, 1e-5
+  grads_list = [_grads(0, scale=0.1), _grads(1, scale=1.0), _grads(2, scale=0.5)]
+  kwargs = dict(learning_rate=lr, num_train_steps=total, warmup_steps=1, b1=0.9, b2=0.98,
+                eps=1e-6, weight_decay=wd_full / lr, clip_norm=None)
+  tx, _ = optim.make_optimizer(optimizer="stable_adamw", **kwargs)
+  got = _run(tx, grads_list)
+  by_hand, rms = _stable_adamw_by_hand(grads_list, lr=lr, wd_full=wd_full, warmup=1, total=total,
+                                       b1=0.9, b2=0.98, eps=1e-6)
+  assert max(rms) > 1.2  # the clipping acted
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-8), got, by_hand)
+  adamw, _ = optim.make_optimizer(optimizer="adamw", **kwargs)
+  assert not np.allclose(_run(adamw, grads_list)["dense"]["kernel"], got["dense"]["kernel"],
+                         rtol=0, atol=1e-6)
+
+
+def test_stable_adamw_state_is_that_of_adamw_and_frozen_parameters_stay():
+  """Its state is optax.adamw's (a plain optax state: orbax restores it, the shardings map over
+  it); frozen parameters stay bitwise as they were."""
+  stable, _ = optim.make_optimizer(num_train_steps=10, warmup_steps=0, optimizer="stable_adamw")
+  adamw, _ = optim.make_optimizer(num_train_steps=10, warmup_steps=0)
+  assert (jax.tree.structure(stable.init(_tiny_params()))
+          == jax.tree.structure(adamw.init(_tiny_params())))
+  frozen, _ = optim.make_optimizer(learning_rate=1e-2, num_train_steps=10, warmup_steps=0,
+                                   optimizer="stable_adamw", frozen=("layer_norm",))
+  got = _run(frozen, [_grads(i) for i in range(3)])
+  jax.tree.map(np.testing.assert_array_equal, got["layer_norm"], _tiny_params()["layer_norm"])
+  assert not np.allclose(got["dense"]["kernel"], _tiny_params()["dense"]["kernel"])

@@ -4,7 +4,7 @@
       [--max_predictions=20] [--steps=20] [--warmup=3] [--dtype=float32|bfloat16] \
       [--peers=bertjax,torch,hf_flax] [--vocab_size=30522] [--json=OUT.json] \
       [--attention=auto|reference|xla|cudnn|splash] [--packing=K] [--remat=none|full|dots] \
-      [--optimizer=adamw|lamb] [--prng=threefry|rbg|unsafe_rbg] [--memory_only]
+      [--optimizer=adamw|lamb|stable_adamw] [--prng=threefry|rbg|unsafe_rbg] [--memory_only]
 
 bertjax's own choices: `--attention` (a fused path runs without attention dropout, which fused
 kernels cannot apply; `auto` and `reference` keep the paper's 0.1, so `auto` is the reference
@@ -397,7 +397,8 @@ def _parser() -> argparse.ArgumentParser:
   parser.add_argument("--packing", type=int, default=0,
                       help="bertjax only: sequences packed into each row (0 = none)")
   parser.add_argument("--remat", default="none", help="bertjax's remat: none, full, dots")
-  parser.add_argument("--optimizer", default="adamw", help="bertjax's optimizer: adamw, lamb")
+  parser.add_argument("--optimizer", default="adamw",
+                      help="bertjax's optimizer: adamw, lamb, stable_adamw")
   parser.add_argument("--prng", default="threefry",
                       help="bertjax's train.prng_impl: threefry, rbg, unsafe_rbg")
   parser.add_argument("--memory_only", action="store_true",

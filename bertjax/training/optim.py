@@ -1,5 +1,6 @@
-"""The optimizer of BERT: AdamW (or LAMB) with linear warmup + linear (or polynomial) decay, a
-weight-decay mask, gradient clipping by global norm, all from optax.
+"""The optimizer of BERT: AdamW (or LAMB, or ModernBERT's StableAdamW) with linear warmup + linear
+(or polynomial) decay or warmup-stable-decay, a weight-decay mask, gradient clipping by global norm,
+all from optax.
 
 The recipe (Devlin et al. 2019, section A.2; google-research/bert `optimization.py`): Adam with
 b1=0.9, b2=0.999, eps=1e-6, decoupled L2 weight decay 0.01 on everything but biases and LayerNorm
@@ -23,6 +24,18 @@ norm first, as FusedLAMB does. `optax.lamb` would scale every parameter. NVIDIA 
 as (1 - progress)^0.5 after warmup (its PolyWarmUpScheduler), progress counted from step 0:
 `lr_decay_power=0.5` and `decay_from_step_0=True` here. Its settings are in the README.
 
+ModernBERT (Warner et al. 2024) pretrains with StableAdamW and a warmup-stable-decay schedule:
+- StableAdamW (Wortsman et al. 2023, "Stable and low-precision training for large-scale
+  vision-language models", Algorithm 1) is AdamW whose whole step on each tensor, weight decay
+  included, is divided by max(1, RMS), RMS = sqrt(mean(g^2 / max(v_hat, eps^2))) over the tensor:
+  Adafactor's update clipping, which makes gradient clipping unnecessary. The eps^2 floor is
+  optimi's StableAdamW, which ModernBERT trained with (`stable_adamw`).
+- Warmup-stable-decay ("trapezoidal"; `wsd_schedule`): linear warmup, the peak held, then a decay
+  to 0 over the last `decay_steps`, as 1 - sqrt(progress) (Hägele et al. 2024, "Scaling Laws and
+  Compute-Optimal Training Beyond Fixed Training Durations"; ModernBERT's decay) or linearly.
+  The rate of a step before the decay does not depend on the run's length, so a run can be
+  extended, or decayed from a checkpoint of its plateau.
+
 Frozen parameters (`frozen`, from train.frozen_params; the feature-based approach freezes 'bert'):
 their gradients are set to zero first (`optax.masked(optax.set_to_zero(), ...)`), so the clipping
 norm is the trained parameters' alone, Adam's moments for them stay 0 and so does its update
@@ -41,7 +54,9 @@ import optax
 
 from bertjax.errors import UserError
 
-OPTIMIZERS = ("adamw", "lamb")
+OPTIMIZERS = ("adamw", "lamb", "stable_adamw")
+LR_SCHEDULES = ("linear", "wsd")  # train.lr_schedule: BERT's warmup + decay; warmup-stable-decay
+DECAY_SHAPES = ("1-sqrt", "linear")  # train.decay_shape: the decay under wsd
 
 # A leaf whose name contains one of these gets no weight decay (google-research/bert excludes
 # parameters whose name matches "bias" or "LayerNorm"; in Flax a LayerNorm's parameters are
@@ -50,6 +65,18 @@ _NO_DECAY_LEAF_SUBSTRINGS = ("bias",)
 _NO_DECAY_LEAF_NAMES = ("scale",)
 # A leaf inside a module whose name contains one of these (lower-cased) gets no weight decay.
 _NO_DECAY_MODULE_SUBSTRINGS = ("layer_norm", "layernorm")
+
+
+def _check_steps(peak: float, warmup_steps: int, total_steps: int) -> None:
+  """Raises UserError for a rate, warmup or run length that no schedule can take."""
+  if total_steps < 1:
+    raise UserError(f"num_train_steps={total_steps} must be at least 1; set "
+                    "--config.train.num_train_steps to a positive number.")
+  if not 0 <= warmup_steps <= total_steps:
+    raise UserError(f"warmup_steps={warmup_steps} must lie in [0, num_train_steps="
+                    f"{total_steps}]; set --config.train.warmup_steps (BERT used 1% of the run).")
+  if peak <= 0:
+    raise UserError(f"learning_rate={peak} must be positive; set --config.train.learning_rate.")
 
 
 def learning_rate_schedule(peak: float, warmup_steps: int, total_steps: int,
@@ -68,14 +95,7 @@ def learning_rate_schedule(peak: float, warmup_steps: int, total_steps: int,
   Returns:
     step (int scalar, counted in optimizer updates) -> learning rate (float32 scalar).
   """
-  if total_steps < 1:
-    raise UserError(f"num_train_steps={total_steps} must be at least 1; set "
-                    "--config.train.num_train_steps to a positive number.")
-  if not 0 <= warmup_steps <= total_steps:
-    raise UserError(f"warmup_steps={warmup_steps} must lie in [0, num_train_steps="
-                    f"{total_steps}]; set --config.train.warmup_steps (BERT used 1% of the run).")
-  if peak <= 0:
-    raise UserError(f"learning_rate={peak} must be positive; set --config.train.learning_rate.")
+  _check_steps(peak, warmup_steps, total_steps)
   if not power > 0:
     raise UserError(f"lr_decay_power={power} must be positive; set --config.train.lr_decay_power "
                     "(1.0: BERT's linear decay, 0.5: NVIDIA's LAMB recipe).")
@@ -90,6 +110,77 @@ def learning_rate_schedule(peak: float, warmup_steps: int, total_steps: int,
     return decay
   warmup = optax.linear_schedule(0.0, peak, warmup_steps)
   return optax.join_schedules([warmup, decay], boundaries=[warmup_steps])
+
+
+def wsd_schedule(peak: float, warmup_steps: int, total_steps: int, decay_steps: int,
+                 shape: str = "1-sqrt") -> optax.Schedule:
+  """Warmup-stable-decay: 0 -> `peak` linearly over `warmup_steps`, `peak` until
+  `total_steps - decay_steps`, then down to exactly 0 at `total_steps` (and 0 after) as
+  `peak * (1 - sqrt(p))` ("1-sqrt") or `peak * (1 - p)` ("linear"),
+  p = (step - (total_steps - decay_steps)) / decay_steps.
+
+  Args:
+    peak: the learning rate of the plateau.
+    warmup_steps: steps of linear warmup (0: start at the peak).
+    total_steps: the step at which the decay ends.
+    decay_steps: steps of the final decay; 0: no decay, the peak held to the end (ModernBERT's
+      first phase, its `t_decay: 0tok`; decay later from a checkpoint, in a run of its own).
+    shape: "1-sqrt" (Hägele et al. 2024; ModernBERT) or "linear".
+  Returns:
+    step (int scalar, counted in optimizer updates) -> learning rate (float32 scalar).
+  """
+  _check_steps(peak, warmup_steps, total_steps)
+  if shape not in DECAY_SHAPES:
+    raise UserError(f"train.decay_shape={shape!r}; use one of {', '.join(DECAY_SHAPES)}.")
+  if not 0 <= decay_steps <= total_steps - warmup_steps:
+    raise UserError(
+        f"decay_steps={decay_steps} must lie in [0, num_train_steps - warmup_steps = "
+        f"{total_steps} - {warmup_steps}]: the decay follows warmup; set "
+        "--config.train.decay_steps (0: no decay), or fewer --config.train.warmup_steps.")
+  # Each piece starts at its boundary (join_schedules counts its steps from there); a piece of
+  # 0 steps is left out.
+  pieces = []
+  if warmup_steps:
+    pieces.append((0, optax.linear_schedule(0.0, peak, warmup_steps)))
+  if total_steps - decay_steps > warmup_steps or not decay_steps:
+    pieces.append((warmup_steps, optax.constant_schedule(peak)))
+  if decay_steps and shape == "linear":
+    pieces.append((total_steps - decay_steps, optax.linear_schedule(peak, 0.0, decay_steps)))
+  elif decay_steps:
+    pieces.append((total_steps - decay_steps, lambda step: peak * (
+        1.0 - jnp.sqrt(jnp.clip(step / decay_steps, 0.0, 1.0)))))
+  if len(pieces) == 1:
+    return pieces[0][1]
+  return optax.join_schedules([f for _, f in pieces], boundaries=[b for b, _ in pieces[1:]])
+
+
+def make_schedule(*, learning_rate: float, num_train_steps: int, warmup_steps: int,
+                  lr_schedule: str = "linear", lr_decay_power: float = 1.0,
+                  lr_decay_from_step_0: bool = False, decay_steps: int = 0,
+                  decay_shape: str = "1-sqrt") -> optax.Schedule:
+  """The schedule train.lr_schedule names: "linear" (`learning_rate_schedule`, shaped by
+  lr_decay_power and lr_decay_from_step_0) or "wsd" (`wsd_schedule`, shaped by decay_steps and
+  decay_shape).
+
+  Raises:
+    UserError: an unknown name, or a field of one schedule set under the other (it would be
+      ignored).
+  """
+  if lr_schedule not in LR_SCHEDULES:
+    raise UserError(f"train.lr_schedule={lr_schedule!r}; use one of {', '.join(LR_SCHEDULES)}.")
+  if decay_shape not in DECAY_SHAPES:
+    raise UserError(f"train.decay_shape={decay_shape!r}; use one of {', '.join(DECAY_SHAPES)}.")
+  if lr_schedule == "linear":
+    if decay_steps:
+      raise UserError(f"train.decay_steps={decay_steps} shapes the wsd schedule only; add "
+                      "--config.train.lr_schedule=wsd, or set decay_steps=0.")
+    return learning_rate_schedule(learning_rate, warmup_steps, num_train_steps, lr_decay_power,
+                                  lr_decay_from_step_0)
+  if lr_decay_power != 1.0 or lr_decay_from_step_0:
+    raise UserError("train.lr_decay_power and lr_decay_from_step_0 shape the linear schedule "
+                    "only; under --config.train.lr_schedule=wsd set train.decay_shape and "
+                    "decay_steps (and lr_decay_power=1.0, lr_decay_from_step_0=false).")
+  return wsd_schedule(learning_rate, warmup_steps, num_train_steps, decay_steps, decay_shape)
 
 
 def _dict_keys(path: tuple[Any, ...]) -> list[str]:
@@ -194,14 +285,54 @@ def lamb(learning_rate: optax.ScalarOrSchedule, *, b1: float, b2: float, eps: fl
       optax.scale_by_learning_rate(learning_rate))
 
 
+def stable_adamw(learning_rate: optax.ScalarOrSchedule, *, b1: float, b2: float, eps: float,
+                 weight_decay: float, mask: Any) -> optax.GradientTransformation:
+  """StableAdamW: `optax.adamw` with Adafactor's update clipping on each tensor (module docstring),
+  without the global clipping (`make_optimizer` adds it where clip_norm is set).
+
+  Per parameter p (a whole array) with gradient g at update t (1-based), as Wortsman et al. 2023
+  (Algorithm 1) and optimi's StableAdamW (`_single_param_stableadamw`) compute it:
+    m_hat, v_hat = Adam's bias-corrected moments after this update's g
+    RMS = sqrt(mean(g^2 / max(v_hat, eps^2)))
+    p -= lr / max(1, RMS) * (m_hat / (sqrt(v_hat) + eps) + wd * p)   (wd * p only where `mask`)
+  ModernBERT's "decoupled" weight decay (optimi's decouple_lr=True: p *= 1 - lr / peak * wd') is
+  this with wd = wd' / peak: the same update at every step.
+
+  Args:
+    learning_rate: a rate or a schedule of the update count.
+    b1, b2, eps: Adam's (eps outside the square root; eps^2 also floors v_hat in RMS).
+    weight_decay: decoupled weight decay wd, times the learning rate (as adamw).
+    mask: params -> tree of bools, True where p decays.
+  Returns:
+    the transformation; its state is optax.adamw's (moments, count), so a checkpoint of either
+    resumes with the other.
+  """
+  adamw = optax.adamw(learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=mask)
+
+  def update(grads, state, params=None):
+    updates, state = adamw.update(grads, state, params)
+    adam = state[0]  # ScaleByAdamState after this update: nu includes g, count is t
+    correction = 1.0 - jnp.asarray(b2, jnp.float32) ** adam.count
+
+    def clipped(u, g, nu):
+      rms = jnp.sqrt(jnp.mean(jnp.square(g) / jnp.maximum(nu / correction, eps * eps)))
+      return u / jnp.maximum(1.0, rms).astype(u.dtype)
+
+    return jax.tree.map(clipped, updates, grads, adam.nu), state
+
+  return optax.GradientTransformation(adamw.init, update)
+
+
 def make_optimizer(*, learning_rate: float = 1e-4, num_train_steps: int, warmup_steps: int,
                    b1: float = 0.9, b2: float = 0.999, eps: float = 1e-6,
                    weight_decay: float = 0.01, clip_norm: float | None = 1.0,
                    optimizer: str = "adamw", frozen: Sequence[str] = (),
-                   lr_decay_power: float = 1.0, lr_decay_from_step_0: bool = False
+                   lr_decay_power: float = 1.0, lr_decay_from_step_0: bool = False,
+                   lr_schedule: str = "linear", decay_steps: int = 0,
+                   decay_shape: str = "1-sqrt"
                    ) -> tuple[optax.GradientTransformation, optax.Schedule]:
-  """BERT's optimizer: clip by global norm, then AdamW (or LAMB) with the warmup + decay
-  schedule.
+  """BERT's optimizer: clip by global norm, then AdamW (or LAMB, or StableAdamW) with the warmup
+  + decay (or warmup-stable-decay) schedule.
 
   Gradient accumulation is not here: the train step (`bertjax.training.steps.make_train_step`)
   sums the micro-batches' gradients before the one `tx.update` of a step.
@@ -213,21 +344,26 @@ def make_optimizer(*, learning_rate: float = 1e-4, num_train_steps: int, warmup_
     b1, b2, eps: Adam's decay rates and epsilon (added outside the square root).
     weight_decay: decoupled weight decay (times the learning rate), on `weight_decay_mask`.
     clip_norm: clip gradients to this global norm; None or 0 turns clipping off.
-    optimizer: "adamw" or "lamb" (the same arguments; LAMB adds the layer-wise trust ratio on
-      the decayed parameters, `lamb`).
+    optimizer: "adamw", "lamb" or "stable_adamw" (the same arguments; LAMB adds the layer-wise
+      trust ratio on the decayed parameters, `lamb`; StableAdamW the update clipping of each
+      tensor, `stable_adamw`, which ModernBERT runs without clip_norm).
     frozen: top-level parameter groups (e.g. "bert") that never change (module docstring).
       A name the parameters lack raises UserError at tx.init.
     lr_decay_power: the power of the decay after warmup (`learning_rate_schedule`).
     lr_decay_from_step_0: the decay's progress counted from step 0 (`learning_rate_schedule`).
+    lr_schedule: "linear" (BERT's, the two fields above) or "wsd" (`wsd_schedule`).
+    decay_steps, decay_shape: the final decay under "wsd" (`wsd_schedule`).
   Returns:
     (tx, schedule): `schedule(n)` is the learning rate of the n-th update (0-based), the n-th
     training step.
   """
   if optimizer not in OPTIMIZERS:
     raise UserError(f"train.optimizer={optimizer!r}; use one of {', '.join(OPTIMIZERS)}.")
-  schedule = learning_rate_schedule(learning_rate, warmup_steps, num_train_steps, lr_decay_power,
-                                    lr_decay_from_step_0)
-  make = optax.adamw if optimizer == "adamw" else lamb
+  schedule = make_schedule(learning_rate=learning_rate, num_train_steps=num_train_steps,
+                           warmup_steps=warmup_steps, lr_schedule=lr_schedule,
+                           lr_decay_power=lr_decay_power, lr_decay_from_step_0=lr_decay_from_step_0,
+                           decay_steps=decay_steps, decay_shape=decay_shape)
+  make = {"adamw": optax.adamw, "lamb": lamb, "stable_adamw": stable_adamw}[optimizer]
   decay_mask = weight_decay_mask
   if frozen:
     is_frozen = frozen_mask(tuple(frozen))

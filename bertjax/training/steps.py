@@ -51,10 +51,11 @@ def prng_impl(train_config: ml_collections.ConfigDict) -> str:
 
 
 def make_optimizer(train_config: ml_collections.ConfigDict):
-  """optax AdamW (or LAMB) with BERT's schedule from the `train` section of the config;
-  train.frozen_params (where the config has it) names parameter groups left unchanged, and
+  """optax AdamW (or LAMB, or StableAdamW) with BERT's schedule from the `train` section of the
+  config; train.frozen_params (where the config has it) names parameter groups left unchanged,
   train.lr_decay_power and lr_decay_from_step_0 (1.0 and False where an earlier config lacks
-  them) shape the decay."""
+  them) shape the decay, and train.lr_schedule, decay_steps and decay_shape ("linear", 0 and
+  "1-sqrt" where it lacks them) choose warmup-stable-decay instead."""
   return optim.make_optimizer(
       learning_rate=train_config.learning_rate, num_train_steps=train_config.num_train_steps,
       warmup_steps=train_config.warmup_steps, b1=train_config.b1, b2=train_config.b2,
@@ -62,7 +63,10 @@ def make_optimizer(train_config: ml_collections.ConfigDict):
       clip_norm=train_config.clip_norm, optimizer=train_config.get("optimizer", "adamw"),
       frozen=optim.parse_frozen(train_config.get("frozen_params", "")),
       lr_decay_power=train_config.get("lr_decay_power", 1.0),
-      lr_decay_from_step_0=train_config.get("lr_decay_from_step_0", False))
+      lr_decay_from_step_0=train_config.get("lr_decay_from_step_0", False),
+      lr_schedule=train_config.get("lr_schedule", "linear"),
+      decay_steps=train_config.get("decay_steps", 0),
+      decay_shape=train_config.get("decay_shape", "1-sqrt"))
 
 
 def make_train_step(task: task_lib.Task, tx: optax.GradientTransformation,
