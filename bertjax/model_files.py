@@ -6,7 +6,11 @@
                          model attends left to right only (a file without it: false)
   DIR/checkpoints/       orbax checkpoints (bertjax.training.checkpoint); `params` holds the
                          weights that `bertjax.training.init_params` loads
-  DIR/vocab.txt or DIR/vocab.model, DIR/tokenizer_config.json, ...   the tokenizer
+  DIR/vocab.txt or DIR/vocab.model or DIR/tokenizer.json, DIR/tokenizer_config.json, ...
+                         the tokenizer: WordPiece (vocab.txt, maybe with Hugging Face's
+                         tokenizer.json beside it), sentencepiece, or a byte-level BPE
+                         tokenizer.json alone (ModernBERT's); every file of TOKENIZER_FILES
+                         present is carried along when a model directory is written
 
 A pretraining or fine-tuning workdir is one, and so is what `python -m bertjax.convert` writes;
 `config.init_checkpoint` may name the directory or a checkpoint inside it (`find_model_dir`).
@@ -28,7 +32,8 @@ from bertjax.models.config import BertConfig
 from bertjax.training import checkpoint
 
 BERT_CONFIG_FILE = "bert_config.json"
-# Tokenizer files a model directory may hold (Google's, Hugging Face's and sentencepiece's names).
+# Tokenizer files a model directory may hold (Google's, Hugging Face's and sentencepiece's names):
+# tokenizer.json is a WordPiece vocab.txt's Hugging Face twin, or a byte-level BPE tokenizer alone.
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json",
                    "special_tokens_map.json", "vocab.model")
 
@@ -95,8 +100,9 @@ def tokenizer_file_contents(directory: str) -> dict[str, bytes]:
 
 
 def load_tokenizer(directory: str) -> tokenization.Tokenizer:
-  """The tokenizer saved in a model directory: vocab.model (sentencepiece) or vocab.txt
-  (WordPiece, cased or not as tokenizer_config.json says)."""
+  """The tokenizer saved in a model directory: vocab.model (sentencepiece), vocab.txt
+  (WordPiece, cased or not as tokenizer_config.json says) or, with neither, a byte-level BPE
+  tokenizer.json (`tokenization.ByteLevelBPETokenizer`)."""
   if os.path.isfile(os.path.join(directory, tokenization.MODEL_FILE)):
     return tokenization.SentencePieceTokenizer(os.path.join(directory, tokenization.MODEL_FILE))
   return tokenization.load_tokenizer(directory)

@@ -1,9 +1,11 @@
-"""Tokenizers, the package's interface: one `Tokenizer` over sentencepiece and WordPiece vocab.txt.
+"""Tokenizers, the package's interface: one `Tokenizer` over sentencepiece, WordPiece vocab.txt and
+byte-level BPE tokenizer.json.
 
   tok = load_or_train_sentencepiece(lambda: sentences, "workdir/vocab.model", 8000)
   ids = tok.encode("It is a truth universally acknowledged.")   # [num_pieces] ids
   tok.decode(ids)                                                # the text again
   tok = load_tokenizer("uncased_L-12_H-768_A-12/vocab.txt")     # Google's BERT: WordPiece
+  tok = load_tokenizer("ModernBERT-base/tokenizer.json")        # ModernBERT: byte-level BPE
 
 Import this package (`from bertjax import tokenization`), not its modules: it re-exports their
 public names and holds `load_tokenizer`, which picks the backend and its settings by what a path
@@ -11,6 +13,7 @@ is. The modules:
   tokenizer            the `Tokenizer` contract, BERT's special tokens, the file names.
   sentencepiece_model  `SentencePieceTokenizer`: a sentencepiece .model file.
   wordpiece            `WordPieceTokenizer`: a BERT vocab.txt with Google's WordPiece rules.
+  byte_level_bpe       `ByteLevelBPETokenizer`: a byte-level BPE tokenizer.json (ModernBERT's).
   vocab_training       `train_sentencepiece`, `load_or_train_sentencepiece`.
   whole_word           Google's whole-word rule (`is_punctuation`, `word_starts`).
 """
@@ -20,6 +23,7 @@ import json
 import os
 
 from bertjax.errors import UserError
+from bertjax.tokenization.byte_level_bpe import ByteLevelBPETokenizer, model_type
 from bertjax.tokenization.sentencepiece_model import SentencePieceTokenizer
 from bertjax.tokenization.tokenizer import (CLS, CONFIG_FILE, GOOGLE_MAX_CHARS_PER_WORD,
                                             HF_TOKENIZER_FILE, MASK, MODEL_FILE, PAD, SEP, UNK,
@@ -33,7 +37,7 @@ from bertjax.tokenization.wordpiece import WordPieceTokenizer
 __all__ = [
     "CLS", "CONFIG_FILE", "GOOGLE_MAX_CHARS_PER_WORD", "HF_TOKENIZER_FILE", "MASK",
     "MAX_SENTENCE_BYTES", "MIN_VOCAB_SIZE", "MODEL_FILE", "PAD", "SEP", "UNK", "VOCAB_FILE",
-    "SentencePieceTokenizer", "Tokenizer", "UnreadableVocabulary", "WordPieceTokenizer",
+    "ByteLevelBPETokenizer", "SentencePieceTokenizer", "Tokenizer", "UnreadableVocabulary", "WordPieceTokenizer",
     "is_punctuation", "load_or_train_sentencepiece", "load_tokenizer", "max_chars_per_word",
     "skipped_lines", "too_long", "train_sentencepiece", "word_starts",
 ]
@@ -48,10 +52,14 @@ def load_tokenizer(path: str, *, lowercase: bool | None = None) -> Tokenizer:
     as do_lower_case in tokenizer_config.json beside it, else as the vocabulary suggests (cased
     if over 1% of its pieces hold an upper-case letter; Google's uncased vocab.txt holds none
     outside [PAD]-like special pieces). Its longest word is `max_chars_per_word`'s.
+  - a Hugging Face tokenizer.json (or any .json file) whose model is BPE, or a directory holding
+    one and neither vocab.txt nor vocab.model: `ByteLevelBPETokenizer` (ModernBERT's tokenizer;
+    always cased).
 
   Args:
     path: file or directory, as above.
-    lowercase: for WordPiece, True (uncased) or False (cased); None to decide as above.
+    lowercase: for WordPiece, True (uncased) or False (cased); None to decide as above. A BPE
+      tokenizer.json is cased: True is refused.
 
   Returns:
     The tokenizer.
@@ -65,13 +73,22 @@ def load_tokenizer(path: str, *, lowercase: bool | None = None) -> Tokenizer:
       path = os.path.join(path, VOCAB_FILE)
     elif os.path.isfile(os.path.join(path, MODEL_FILE)):
       path = os.path.join(path, MODEL_FILE)
+    elif os.path.isfile(os.path.join(path, HF_TOKENIZER_FILE)):
+      path = os.path.join(path, HF_TOKENIZER_FILE)
     else:
-      raise UserError(f"{path} holds neither {VOCAB_FILE} (WordPiece) nor {MODEL_FILE} "
-                      "(sentencepiece); give the tokenizer's file or the directory holding it.")
+      raise UserError(f"{path} holds neither {VOCAB_FILE} (WordPiece), {MODEL_FILE} "
+                      f"(sentencepiece) nor {HF_TOKENIZER_FILE} (byte-level BPE); give the "
+                      "tokenizer's file or the directory holding it.")
   elif not os.path.exists(path):
     raise UserError(f"tokenizer {path} does not exist; give a {VOCAB_FILE} (WordPiece), a .model "
-                    "file (sentencepiece) or a directory holding one.")
-  elif os.path.basename(path) == HF_TOKENIZER_FILE:
+                    f"file (sentencepiece), a {HF_TOKENIZER_FILE} (byte-level BPE) or a directory "
+                    "holding one.")
+  if path.endswith(".json") and model_type(path) == "BPE":
+    if lowercase:
+      raise UserError(f"{path} is a byte-level BPE tokenizer, which is cased: it cannot be read "
+                      "uncased (lowercase=True / do_lower_case); leave the casing unset.")
+    return ByteLevelBPETokenizer(path)
+  if os.path.basename(path) == HF_TOKENIZER_FILE:
     path = os.path.join(os.path.dirname(path), VOCAB_FILE)
     if not os.path.isfile(path):
       raise UserError(f"no {VOCAB_FILE} beside {HF_TOKENIZER_FILE} in {os.path.dirname(path)}; "
@@ -81,7 +98,8 @@ def load_tokenizer(path: str, *, lowercase: bool | None = None) -> Tokenizer:
     return SentencePieceTokenizer(path)
   if not path.endswith(".txt"):
     raise UserError(f"cannot tell what tokenizer {path} is; give a {VOCAB_FILE} (WordPiece), a "
-                    ".model file (sentencepiece) or a directory holding one.")
+                    f".model file (sentencepiece), a {HF_TOKENIZER_FILE} whose model is BPE "
+                    "(byte-level BPE) or a directory holding one.")
   if lowercase is None:
     lowercase = _do_lower_case(os.path.join(os.path.dirname(path), CONFIG_FILE))
   max_chars = max_chars_per_word(os.path.dirname(path))

@@ -1,11 +1,12 @@
 """The `Tokenizer` contract: text <-> token ids with BERT's special tokens, and its file names.
 
-Both backends (`sentencepiece_model.SentencePieceTokenizer`, `wordpiece.WordPieceTokenizer`)
-implement it; everything past tokenization (data preparation, the loader, the fine-tuning
-readers, the tasks) sees only this interface.
+The backends (`sentencepiece_model.SentencePieceTokenizer`, `wordpiece.WordPieceTokenizer`,
+`byte_level_bpe.ByteLevelBPETokenizer`) implement it; everything past tokenization (data
+preparation, the loader, the fine-tuning readers, the tasks) sees only this interface.
 
-Special tokens: `[PAD]` is always id 0; `[UNK] [CLS] [SEP] [MASK]` are at the ids the tokenizer
-reports (1, 2, 3, 4 in models trained here). Models trained here hold `[CLS] [SEP] [MASK]` as
+Special tokens: `[PAD]` is id 0 in sentencepiece and WordPiece vocabularies, where a byte-level
+BPE tokenizer.json puts it otherwise (ModernBERT: 50283); `[UNK] [CLS] [SEP] [MASK]` are at the
+ids the tokenizer reports (1, 2, 3, 4 in models trained here). Models trained here hold `[CLS] [SEP] [MASK]` as
 control symbols: `token_to_id` finds them, but `encode` never produces them from text, so a user
 who types "[MASK]" gets ordinary pieces, not a mask. (A model trained elsewhere with them as
 user-defined symbols is accepted too; its `encode` does turn the text "[MASK]" into mask_id.)
@@ -24,7 +25,7 @@ PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 MODEL_FILE = "vocab.model"  # the name `save` writes
 VOCAB_FILE = "vocab.txt"  # the name WordPieceTokenizer.save writes (Google's and HF's name)
 CONFIG_FILE = "tokenizer_config.json"  # beside vocab.txt: {"do_lower_case": ...} (HF's name)
-HF_TOKENIZER_FILE = "tokenizer.json"  # Hugging Face's whole tokenizer, beside its vocab.txt
+HF_TOKENIZER_FILE = "tokenizer.json"  # Hugging Face's whole tokenizer (BPE, or beside vocab.txt)
 GOOGLE_MAX_CHARS_PER_WORD = 200  # google-research/bert tokenization.py WordpieceTokenizer
 
 
@@ -42,7 +43,7 @@ class Tokenizer(abc.ABC):
 
   Attributes:
     vocab_size: number of ids; every id is in [0, vocab_size).
-    pad_id: id of [PAD]; always 0.
+    pad_id: id of [PAD]; 0 but in a byte-level BPE tokenizer.json (ModernBERT's: 50283).
     unk_id, cls_id, sep_id, mask_id: ids of [UNK], [CLS], [SEP], [MASK].
   """
 
@@ -96,9 +97,10 @@ class Tokenizer(abc.ABC):
     Returns:
       starts: [vocab_size] bool, the id begins a word (as `is_word_start` says).
       punctuation: [vocab_size] bool, the piece is punctuation: its text, less the word mark
-        ("▁" in sentencepiece, "##" in WordPiece), is non-empty and all punctuation by
-        Google's BasicTokenizer (`whole_word.is_punctuation`). Special ids are never
-        punctuation.
+        ("▁" in sentencepiece, "##" in WordPiece, leading whitespace in byte-level BPE), is
+        non-empty and all punctuation by Google's BasicTokenizer (`whole_word.is_punctuation`);
+        in byte-level BPE a piece of whitespace alone counts too (it separates words). Special
+        ids are never punctuation.
     """
 
   @abc.abstractmethod
