@@ -192,11 +192,23 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> task_lib.Task:
   num_eval = eval_batches.num_examples("heldout")
   baseline_token = int(prepared.info["most_common_token"])
   bert_config = pretraining_config.model_config(config, tok.vocab_size)
+  # ModernBERT's context extension: the long phase runs its own global rotary base (a model of
+  # its own for batches of its length, the same parameters) and evaluates at its length; the
+  # run's model files describe the model it ends with.
+  long_config = pretraining_config.long_phase_config(config, bert_config)
+  long_models, long_eval = {}, None
+  if long_config is not None:
+    long_models = {data.long_seq_length: heads.BertForPreTraining(long_config,
+                                                                  next_sentence=nsp)}
+    long_eval = batches(data.long_seq_length, data.long_max_predictions_per_seq,
+                        tr.eval_batch_size).eval_batches
   rows = phases[0].num_rows()
   packed = (f" in {rows} packed rows ({phases[0].num_examples() / rows:.2f} a row)"
             if data.packing else "")
   objective = ("a left-to-right LM on contiguous spans" if left_to_right else
                "MLM + NSP on segment pairs" if nsp else "MLM on contiguous spans (No NSP)")
+  if bert_config.is_modernbert:
+    objective = f"ModernBERT, {objective}"
   print(f"pretraining ({objective}) on {prepared.directory}: {phases[0].num_examples()} "
         f"training examples{packed} ({rows // tr.batch_size} steps per epoch), {num_eval} "
         f"held-out examples, vocabulary {tok.vocab_size}, frequency baseline token "
@@ -207,11 +219,14 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> task_lib.Task:
       batches=task_lib.Batches(
           train=_Phases(phases, tr.long_seq_from_step if data.long_seq_length else 0,
                         bool(data.packing)).iterate,
-          eval=eval_batches.eval_batches if num_eval else None),
+          eval=eval_batches.eval_batches if num_eval else None,
+          long_eval=long_eval if num_eval else None, long_eval_from_step=tr.long_seq_from_step),
       score=score,  # main_metric: on the held-out documents
       main_metric="next_token_accuracy" if left_to_right else "mlm_accuracy",
-      files={model_files.BERT_CONFIG_FILE: model_files.bert_config_json(bert_config),
-             **model_files.tokenizer_file_contents(prepared.directory)})  # the vocabulary
+      files={model_files.BERT_CONFIG_FILE: model_files.bert_config_json(long_config
+                                                                         or bert_config),
+             **model_files.tokenizer_file_contents(prepared.directory)},  # the vocabulary
+      models_by_length=long_models)
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:

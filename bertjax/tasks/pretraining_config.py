@@ -6,6 +6,8 @@ its fields, and the BertConfig of its model.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import ml_collections
 
 from bertjax.errors import UserError
@@ -13,6 +15,9 @@ from bertjax.models import config as bert_configs
 from bertjax.training import model_options
 
 OBJECTIVES = ("mlm", "ltr")  # config.pretraining.objective: masked LM, left-to-right LM
+# config.model fields only architecture=modernbert reads (bertjax.models.config.BertConfig).
+MODERNBERT_FIELDS = ("local_attention", "global_attention_every", "rope_theta_global",
+                     "rope_theta_local")
 
 
 def uses_nsp(config: ml_collections.ConfigDict) -> bool:
@@ -76,17 +81,52 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     raise UserError(f"data.packing=true packs NSP pairs, but {which} trains on contiguous "
                     "spans, which fill their rows already (each is as long as the sequence "
                     "allows) and are not packed; set data.packing=false.")
+  _check_modernbert(config)
   model_config(config, data.vocab_size)  # the model fields, before any text is prepared
+
+
+def _check_modernbert(config: ml_collections.ConfigDict) -> None:
+  """ModernBERT pretrains the masked LM alone, and only it has a context extension."""
+  m, data = config.model, config.data
+  long_theta = m.get("long_rope_theta_global", 0)
+  if m.get("architecture", "bert") != "modernbert":
+    if long_theta:
+      raise UserError(f"model.long_rope_theta_global={long_theta} is ModernBERT's context "
+                      "extension; set it to 0 for architecture=bert (no rotary embeddings).")
+    return
+  if uses_nsp(config) or is_left_to_right(config):
+    raise UserError("model.architecture=modernbert pretrains the masked LM alone on contiguous "
+                    "spans; set --config.pretraining.nsp=false and pretraining.objective=mlm.")
+  if long_theta and not data.long_seq_length:
+    raise UserError(f"model.long_rope_theta_global={long_theta} sets the global rotary base of "
+                    "the long phase, but data.long_seq_length=0 (one phase); set "
+                    "data.long_seq_length (and train.long_seq_from_step), or set it to 0.")
+  if long_theta and long_theta <= 1:
+    raise UserError(f"model.long_rope_theta_global={long_theta}; use a base above 1 (ModernBERT:"
+                    " 160000), or 0 to keep model.rope_theta_global in the long phase.")
+
+
+def long_phase_config(config: ml_collections.ConfigDict,
+                      bert_config: bert_configs.BertConfig) -> bert_configs.BertConfig | None:
+  """The model of the long sequence-length phase where it differs from the first phase's
+  (ModernBERT's context extension: model.long_rope_theta_global), else None."""
+  long_theta = config.model.get("long_rope_theta_global", 0)
+  if not (long_theta and config.data.long_seq_length):
+    return None
+  return dataclasses.replace(bert_config, rope_theta_global=float(long_theta))
 
 
 def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> bert_configs.BertConfig:
   """The frozen BertConfig of `config.model` for a vocabulary of `vocab_size`."""
   m = config.model
+  architecture = m.get("architecture", "bert")
+  modernbert = {name: m[name] for name in MODERNBERT_FIELDS
+                if architecture == "modernbert" and name in m}
   try:
     bert_config = bert_configs.bert_config(
-        m.size, vocab_size=vocab_size, hidden_act=m.hidden_act,
+        m.size, architecture=architecture, vocab_size=vocab_size, hidden_act=m.hidden_act,
         max_position_embeddings=m.max_position_embeddings, causal=is_left_to_right(config),
-        **model_options.bert_overrides(m))
+        **modernbert, **model_options.bert_overrides(m))
   except (KeyError, ValueError) as e:
     raise UserError(f"bad model config: {e}".rstrip(".") + ". Check the config.model fields.") \
         from e

@@ -39,11 +39,14 @@ def resolve_dtype(dtype: str, platform: str | None = None) -> str:
 def bert_overrides(model: ml_collections.ConfigDict) -> dict[str, Any]:
   """The BertConfig fields a run's `config.model` sets (a pretrained model's bert_config.json
   gives the rest): dtype (resolved), dropout, attention, remat, pad_vocab_to_multiple,
-  mlm_logits_dtype ("auto": the compute dtype), fused_qkv. Fields a config lacks (an older
-  config.json) keep BertConfig's defaults."""
+  mlm_logits_dtype ("auto": the compute dtype), fused_qkv, and pooling where set (ModernBERT's
+  'cls' or 'mean'; "" keeps the model's). Fields a config lacks (an older config.json) keep
+  BertConfig's defaults."""
   fields = ("dropout_rate", "attention_dropout_rate", "attention", "remat",
             "pad_vocab_to_multiple", "fused_qkv")
   overrides = {name: model[name] for name in fields if name in model}
+  if model.get("pooling"):  # "" = the pretrained model's (bert_config.json)
+    overrides["pooling"] = model.pooling
   overrides["dtype"] = resolve_dtype(model.get("dtype", "float32"))
   if "mlm_logits_dtype" in model:
     logits = model.mlm_logits_dtype

@@ -84,7 +84,7 @@ def make_train_step(task: task_lib.Task, tx: optax.GradientTransformation,
   """
 
   def outputs_of(params, batch, rng):
-    return heads.apply_to_batch(task.model, params, batch, deterministic=False,
+    return heads.apply_to_batch(task.model_for(batch), params, batch, deterministic=False,
                                 rngs={"dropout": rng})
 
   def total_weights(params, batch):
@@ -151,7 +151,7 @@ def make_eval_step(task: task_lib.Task, *, with_terms: bool = True):
   Collection is empty."""
 
   def eval_step(params, batch):
-    outputs = heads.apply_to_batch(task.model, params, batch, deterministic=True)
+    outputs = heads.apply_to_batch(task.model_for(batch), params, batch, deterministic=True)
     weight = batch["example_weight"]
     # Padded rows or packed slots (example_weight [batch] or [batch, k], 0) count for no term.
     terms = {name: (values, weights * weight.reshape(weight.shape
@@ -297,10 +297,11 @@ def run_eval_step(setup: Setup, params: Params, batches: Iterable[task_lib.Batch
   return metrics, _real_rows(outputs)
 
 
-def evaluate(setup: Setup, task: task_lib.Task, params: Params, max_batches: int = -1
-             ) -> tuple[dict[str, float], dict[str, np.ndarray] | None]:
-  """One pass over the held-out batches: (the task's metrics, its predictions or None)."""
-  totals, predictions = run_eval_step(setup, params, task.batches.eval(), max_batches)
+def evaluate(setup: Setup, task: task_lib.Task, params: Params, max_batches: int = -1,
+             step: int = 0) -> tuple[dict[str, float], dict[str, np.ndarray] | None]:
+  """One pass over the held-out batches an evaluation after `step` reads
+  (`Batches.eval_at`): (the task's metrics, its predictions or None)."""
+  totals, predictions = run_eval_step(setup, params, task.batches.eval_at(step)(), max_batches)
   predictions = predictions if task.predict is not None else None
   metrics = task.score(totals, predictions) if task.score else task_lib.means(totals)
   return metrics, predictions

@@ -41,6 +41,16 @@ class Batches:
   eval: Callable[[], Iterable[Batch]] | None = None
   predict: Mapping[str, Callable[[], Iterable[Batch]]] = dataclasses.field(default_factory=dict)
   samples: Callable[[], tuple[list[Batch], list[Batch]]] | None = None
+  long_eval: Callable[[], Iterable[Batch]] | None = None
+  long_eval_from_step: int = 0
+
+  def eval_at(self, step: int) -> Callable[[], Iterable[Batch]] | None:
+    """The held-out batches an evaluation after `step` reads: `long_eval` (a run's long
+    sequence-length phase that evaluates at its own length, e.g. ModernBERT's context
+    extension) from `long_eval_from_step` on, else `eval`."""
+    if self.long_eval is not None and step >= self.long_eval_from_step:
+      return self.long_eval
+    return self.eval
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +75,9 @@ class Task:
     main_metric: the reported metric that says how good the model is (higher is better; e.g.
       "mlm_accuracy", GLUE's "f1" for MRPC), recorded in eval_results.json as "main_metric" and
       plotted in WORKDIR/curves.png (`bertjax.training.reports`); "" for none.
+    models_by_length: {sequence length: the module to run on batches of that length instead
+      of `model`}, with the same parameters: a phase that changes a choice fixed at trace time
+      (ModernBERT's context extension, which changes the global rotary base with the length).
   """
   model: nn.Module
   terms: Callable[[Any, Batch], Terms]
@@ -74,6 +87,11 @@ class Task:
   write: Callable[[str, dict[str, np.ndarray], epath.Path], None] | None = None
   files: Mapping[str, str | bytes] = dataclasses.field(default_factory=dict)
   main_metric: str = ""
+  models_by_length: Mapping[int, nn.Module] = dataclasses.field(default_factory=dict)
+
+  def model_for(self, batch: Batch) -> nn.Module:
+    """The module that runs `batch`: models_by_length's for its sequence length, else model."""
+    return self.models_by_length.get(batch["input_ids"].shape[-1], self.model)
 
 
 def is_loss(name: str) -> bool:

@@ -158,7 +158,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, task: ta
       nonlocal eval_predictions
       if task.batches.eval is None:
         return {}
-      metrics, eval_predictions = steps.evaluate(setup, task, state["params"], tr.eval_steps)
+      metrics, eval_predictions = steps.evaluate(setup, task, state["params"], tr.eval_steps,
+                                                 step)
       log.write_eval(step, metrics)
       return metrics
 

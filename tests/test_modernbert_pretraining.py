@@ -1,0 +1,127 @@
+"""ModernBERT pretraining (configs/modernbert.py): the masked LM alone on contiguous spans with
+30% masking, StableAdamW and the warmup-stable-decay schedule, through the command line; the
+context extension (a long phase with its own global rotary base, evaluated at its length, and
+the model files of the model the run ends with); the config's refusals."""
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from bertjax.configs import modernbert as modernbert_configs
+from bertjax.errors import UserError
+from bertjax.models import heads
+from bertjax.tasks import pretraining, pretraining_config
+
+from test_pretraining import _metrics, _run
+
+SHORT = ["--config.data.max_seq_length=32", "--config.data.max_predictions_per_seq=10",
+         "--config.model.local_attention=8", "--config.data.eval_fraction=0.1",
+         "--config.train.batch_size=8", "--config.train.eval_batch_size=16",
+         "--config.train.log_every_steps=1", "--config.train.eval_every_steps=3",
+         "--config.train.checkpoint_every_steps=3", "--config.train.eval_steps=2"]
+
+
+def _config(corpus, **data):
+  text_file, vocab = corpus
+  config = modernbert_configs.get_config()
+  config.data.update(input_files=text_file, vocab_model=vocab, max_seq_length=32,
+                     max_predictions_per_seq=10, dupe_factor=1, eval_fraction=0.1, **data)
+  config.model.local_attention = 8
+  config.train.update(batch_size=4, eval_batch_size=8)
+  return config
+
+
+def test_demo_config_pretrains_from_the_command_line(corpus, tmp_path):
+  """configs/modernbert.py runs as README command 1 runs configs/tiny.py: masked LM only (no
+  NSP terms), its rate warms up, holds and decays to 0 (wsd), and the model files say
+  modernbert."""
+  text_file, vocab = corpus
+  flags = [f"--config.data.input_files={text_file}", f"--config.data.vocab_model={vocab}",
+           "--config.train.num_train_steps=9", "--config.train.warmup_steps=3",
+           "--config.train.decay_steps=3", *SHORT]
+  result = _run(str(tmp_path), flags, config="configs/modernbert.py")
+  assert result.returncode == 0, result.stderr[-3000:]
+  rows = _metrics(str(tmp_path))
+  train = [r for r in rows if "learning_rate" in r]
+  rates = [r["learning_rate"] for r in train]
+  peak = 2e-3
+  np.testing.assert_allclose(rates[:3], [0, peak / 3, 2 * peak / 3], rtol=1e-5)
+  np.testing.assert_allclose(rates[3:6], [peak] * 3, rtol=1e-5)  # stable
+  np.testing.assert_allclose(rates[6:], [peak * (1 - np.sqrt(p)) for p in (0, 1 / 3, 2 / 3)],
+                             rtol=1e-5)  # 1-sqrt decay, to 0 after the last step
+  evals = [r for r in rows if "eval/mlm_accuracy" in r or "mlm_perplexity" in str(r)]
+  assert evals and not any("nsp" in key for r in rows for key in r)
+  with open(os.path.join(tmp_path, "bert_config.json")) as f:
+    saved = json.load(f)
+  assert saved["architecture"] == "modernbert" and saved["local_attention"] == 8
+
+
+def test_context_extension_runs_the_long_phase_with_its_own_global_base(corpus, tmp_path):
+  config = _config(corpus, long_seq_length=64, long_max_predictions_per_seq=20)
+  config.model.update(rope_theta_global=10_000.0, long_rope_theta_global=160_000.0)
+  config.train.long_seq_from_step = 2
+  task = pretraining.make_task(config, str(tmp_path))
+  assert task.model.config.rope_theta_global == 10_000.0
+  served = [b for _, (b, _) in zip(range(3), task.batches.train(None))]
+  assert [b["input_ids"].shape[1] for b in served] == [32, 32, 64]
+  assert task.model_for(served[0]) is task.model
+  long_model = task.model_for(served[2])
+  assert long_model.config.rope_theta_global == 160_000.0
+  assert long_model.config == task.model.config.__class__(
+      **{**vars(task.model.config), "rope_theta_global": 160_000.0})
+  # evaluations before the switch read the first phase's length, after it the long one
+  assert next(iter(task.batches.eval_at(1)()))["input_ids"].shape[1] == 32
+  assert next(iter(task.batches.eval_at(2)()))["input_ids"].shape[1] == 64
+  assert json.loads(task.files["bert_config.json"])["rope_theta_global"] == 160_000.0
+
+  # the long model is the same parameters with another rotation: other logits (a guard)
+  params = heads.init_from_batch(task.model, jax.random.key(0), served[2])
+  short_logits, _ = heads.apply_to_batch(task.model, params, served[2], deterministic=True)
+  long_logits, _ = heads.apply_to_batch(long_model, params, served[2], deterministic=True)
+  real = np.asarray(short_logits) > -1e30  # the vocabulary, not its padding
+  assert np.abs(np.asarray(short_logits - long_logits))[real].max() > 1e-5  # float32 noise: 1e-7
+
+
+def test_context_extension_from_the_command_line(corpus, tmp_path):
+  text_file, vocab = corpus
+  flags = [f"--config.data.input_files={text_file}", f"--config.data.vocab_model={vocab}",
+           "--config.data.long_seq_length=64", "--config.data.long_max_predictions_per_seq=20",
+           "--config.train.long_seq_from_step=3", "--config.model.rope_theta_global=10000",
+           "--config.model.long_rope_theta_global=160000", "--config.train.num_train_steps=6",
+           "--config.train.warmup_steps=1", "--config.train.decay_steps=2", *SHORT]
+  result = _run(str(tmp_path), flags, config="configs/modernbert.py")
+  assert result.returncode == 0, result.stderr[-3000:]
+  evals = [r for r in _metrics(str(tmp_path)) if any("perplexity" in k for k in r)]
+  assert len(evals) == 2
+  with open(os.path.join(tmp_path, "bert_config.json")) as f:
+    assert json.load(f)["rope_theta_global"] == 160_000.0
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(pretraining=dict(nsp=True)), "pretrains the masked LM alone"),
+    (dict(model=dict(long_rope_theta_global=160_000.0)), "data.long_seq_length=0"),
+    (dict(model=dict(architecture="bert", size="tiny", long_rope_theta_global=1e5)),
+     "set it to 0 for architecture=bert"),
+    (dict(model=dict(local_attention=7)), "must be even"),
+])
+def test_refusals(changes, message):
+  config = modernbert_configs.get_config()
+  for section, values in changes.items():
+    config[section].update(values)
+  with pytest.raises(UserError, match=message):
+    pretraining_config.check_config(config)
+
+
+def test_paper_recipes_build():
+  for size, layers in (("base", 22), ("large", 28)):
+    config = modernbert_configs.get_config(size)
+    pretraining_config.check_config(config)
+    model = pretraining_config.model_config(config, 50368)
+    assert (model.num_layers, model.local_attention, model.rope_theta_global) == (
+        layers, 128, 10_000.0)
+    assert pretraining_config.long_phase_config(config, model).rope_theta_global == 160_000.0
+    assert config.data.masked_lm_prob == 0.3 and config.train.lr_schedule == "wsd"
+  with pytest.raises(UserError, match="takes no argument, base or large"):
+    modernbert_configs.get_config("huge")
