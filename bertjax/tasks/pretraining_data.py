@@ -26,9 +26,10 @@ from bertjax.workdir import DATA_DIR
 
 
 def checkpoint_vocabulary(config: ml_collections.ConfigDict) -> str:
-  """The vocabulary file (vocab.model or vocab.txt) of init_checkpoint's model directory, the
-  one its embeddings were trained with; "" without an init_checkpoint, or without such a file
-  when data.vocab_model is given.
+  """The vocabulary file (vocab.model, vocab.txt or, with neither, a byte-level BPE
+  tokenizer.json: ModernBERT's) of init_checkpoint's model directory, the one its embeddings were
+  trained with; "" without an init_checkpoint, or without such a file when data.vocab_model is
+  given.
 
   Raises:
     UserError: no such file and no data.vocab_model: embeddings without their vocabulary mean
@@ -40,13 +41,14 @@ def checkpoint_vocabulary(config: ml_collections.ConfigDict) -> str:
     directory = model_files.find_model_dir(config.init_checkpoint)
   except UserError:  # no bert_config.json: look beside the checkpoint itself
     directory = os.path.abspath(config.init_checkpoint)
-  for name in (tokenization.MODEL_FILE, tokenization.VOCAB_FILE):
+  for name in (tokenization.MODEL_FILE, tokenization.VOCAB_FILE, tokenization.HF_TOKENIZER_FILE):
     if os.path.isfile(os.path.join(directory, name)):
       return os.path.join(directory, name)
   if config.data.vocab_model:
     return ""
   raise UserError(f"init_checkpoint {config.init_checkpoint} has no vocabulary: no "
-                  f"{tokenization.MODEL_FILE} or {tokenization.VOCAB_FILE} in {directory}, and its "
+                  f"{tokenization.MODEL_FILE}, {tokenization.VOCAB_FILE} or "
+                  f"{tokenization.HF_TOKENIZER_FILE} in {directory}, and its "
                   "embeddings mean nothing without the vocabulary they were trained with; pass "
                   "that vocabulary as --config.data.vocab_model=FILE.")
 

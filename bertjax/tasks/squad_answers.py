@@ -14,7 +14,9 @@ null_score_diff_threshold, and that difference is the question's entry in null_o
 Where run_squad uses BERT's BasicTokenizer (in get_final_text), this module uses the same rules
 (clean text, split CJK characters, lower-case and strip accents when the WordPiece tokenizer is
 uncased, split on whitespace and punctuation) through the `tokenizers` library; with a
-sentencepiece tokenizer the text is only split on whitespace and pieces are joined at "▁".
+sentencepiece or byte-level BPE tokenizer (no BasicTokenizer: `Tokenizer.basic_tokenizer`) the
+text is only split on whitespace, and a span's text is its pieces joined at "▁" or decoded
+(`Tokenizer.span_text`).
 """
 from __future__ import annotations
 
@@ -30,7 +32,6 @@ from typing import Any
 import numpy as np
 from etils import epath
 
-from bertjax import tokenization
 from bertjax.data.finetuning.squad import Example, Features, detokenize
 from bertjax.tokenization import Tokenizer
 
@@ -41,8 +42,8 @@ NULL_ODDS_FILE = "null_odds.json"
 
 def basic_tokenize(text: str, tokenizer: Tokenizer) -> list[str]:
   """`text` split as BERT's BasicTokenizer splits it for `tokenizer`'s casing (WordPiece), or on
-  whitespace (sentencepiece)."""
-  if isinstance(tokenizer, tokenization.SentencePieceTokenizer):
+  whitespace (sentencepiece, byte-level BPE: no BasicTokenizer)."""
+  if not tokenizer.basic_tokenizer:
     return text.split()
   normalizer, pre_tokenizer = _bert_basic(getattr(tokenizer, "lowercase", True))
   return [piece for piece, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(text))]

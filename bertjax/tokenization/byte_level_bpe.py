@@ -44,6 +44,11 @@ class ByteLevelBPETokenizer(Tokenizer):
   transformers turns it into the special id. `decode` is the file's own (byte-level) decoder, so
   it gives back the text exactly; it drops [PAD] [CLS] [SEP] [MASK].
 
+  Fine-tuning readers that encode one word at a time (NER, SQuAD's context: `encode_words`)
+  encode " " + word, so that a word gets the pieces it has in running text ("Ġworld"), the first
+  word included (transformers' is_split_into_words with add_prefix_space=True); an answer span's
+  text (`span_text`) is the decoded text of its pieces, the leading space stripped.
+
   Words, for whole-word masking: a piece whose text begins with whitespace ("Ġworld", "Ċ")
   begins a word, and so do the special tokens. A piece's text is what the decoder makes of it
   alone. The first piece of a text has no space before it ("Hello" in "Hello world"), so its
@@ -62,6 +67,8 @@ class ByteLevelBPETokenizer(Tokenizer):
   """
 
   lowercase = False  # the text goes to the pieces as it is (cased)
+  word_prefix = " "  # a word alone gets the pieces it has in running text: "Ġword"
+  basic_tokenizer = False  # a word's first piece depends on what stands before it
 
   def __init__(self, path: str):
     path = os.fspath(path)

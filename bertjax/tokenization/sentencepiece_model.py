@@ -32,6 +32,8 @@ class SentencePieceTokenizer(Tokenizer):
       special pieces.
   """
 
+  basic_tokenizer = False  # pieces are made from raw text: "(Zorbax)," is "▁(" "Zor" "bax" "),"
+
   def __init__(self, model_file: str):
     model_file = os.fspath(model_file)
     if os.path.isdir(model_file):
@@ -81,6 +83,11 @@ class SentencePieceTokenizer(Tokenizer):
 
   def decode(self, ids: Iterable[int]) -> str:
     return self._sp.decode([int(i) for i in ids])
+
+  def span_text(self, ids: Iterable[int]) -> str:
+    """The pieces joined, "▁" a space (run_squad's rule for "##" does not apply)."""
+    text = "".join(map(self.id_to_token, ids)).replace(_WORD_START, " ")
+    return " ".join(text.split())
 
   def id_to_token(self, i: int) -> str:
     if not 0 <= int(i) < self.vocab_size:

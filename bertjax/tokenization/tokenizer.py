@@ -53,6 +53,16 @@ class Tokenizer(abc.ABC):
   cls_id: int
   sep_id: int
   mask_id: int
+  # What `encode_words` puts before a word: "" (sentencepiece and WordPiece mark a word's start
+  # themselves); " " in byte-level BPE, whose pieces carry the space before a word ("Ġword").
+  word_prefix: str = ""
+  # Whether text goes through BERT's BasicTokenizer (clean, split CJK, casing, split at
+  # whitespace and punctuation) before its pieces are made, as in WordPiece: a word's pieces are
+  # then the same wherever it stands. False in sentencepiece and byte-level BPE, where a word's
+  # first piece depends on what stands before it ("(Zorbax)," is "▁(" "Zor" "bax" "),", but
+  # "Zorbax" alone "▁Zor" "bax"): SQuAD then compares spans by their text (`span_text`) and
+  # aligns answers on whitespace-separated words.
+  basic_tokenizer: bool = True
 
   @property
   def special_ids(self) -> frozenset[int]:
@@ -67,9 +77,23 @@ class Tokenizer(abc.ABC):
     """Texts -> their ids ([num_texts][num_pieces]); subclasses may do this faster."""
     return [self.encode(text) for text in texts]
 
+  def encode_words(self, words: Sequence[str]) -> list[list[int]]:
+    """Each word encoded on its own, as fine-tuning readers that keep words apart (NER, SQuAD's
+    context) encode them ([num_words][num_pieces]): the ids of `word_prefix` + word, so that a
+    word gets the pieces it has in running text. In byte-level BPE every word, the first one
+    included, is " " + word, as transformers' is_split_into_words with add_prefix_space=True."""
+    return self.encode_batch([self.word_prefix + word for word in words])
+
   @abc.abstractmethod
   def decode(self, ids: Iterable[int]) -> str:
     """Ids -> text; [PAD] [CLS] [SEP] [MASK] are dropped."""
+
+  def span_text(self, ids: Iterable[int]) -> str:
+    """The text of a span of ids as run_squad.py rebuilds an answer, whitespace collapsed to
+    single spaces and stripped. Here the decoded text (byte-level BPE: exact, its leading space
+    stripped); WordPiece joins pieces with spaces and glues "##" continuations on, sentencepiece
+    joins them with "▁" as a space."""
+    return " ".join(self.decode(ids).split())
 
   @abc.abstractmethod
   def id_to_token(self, i: int) -> str:

@@ -47,6 +47,8 @@ class WordPieceTokenizer(Tokenizer):
     UserError: the file is missing, empty, not UTF-8, repeats a piece or lacks a special piece.
   """
 
+  basic_tokenizer = True  # BERT's rules split words before the pieces (the contract's default)
+
   def __init__(self, vocab_file: str, *, lowercase: bool = True,
                max_input_chars_per_word: int = GOOGLE_MAX_CHARS_PER_WORD):
     vocab_file = os.fspath(vocab_file)
@@ -92,6 +94,11 @@ class WordPieceTokenizer(Tokenizer):
       if i not in self._dropped:
         kept.append(i)
     return self._tok.decode(kept, skip_special_tokens=False)
+
+  def span_text(self, ids: Iterable[int]) -> str:
+    """run_squad's rule: the pieces joined by spaces, "##" continuations glued on."""
+    text = " ".join(map(self.id_to_token, ids)).replace(" ##", "").replace("##", "")
+    return " ".join(text.split())
 
   def id_to_token(self, i: int) -> str:
     if not 0 <= int(i) < self.vocab_size:

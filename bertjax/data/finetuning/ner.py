@@ -14,7 +14,9 @@ unless `label_column` says otherwise. Both IOB1 (CoNLL's original eng.train) and
 entities are read from them as conlleval does (bertjax.tasks.ner scores with seqeval's default,
 conlleval-compatible mode).
 
-Features follow the paper (section 5.3): each word is tokenized on its own, and the tag is
+Features follow the paper (section 5.3): each word is tokenized on its own
+(`Tokenizer.encode_words`: a byte-level BPE tokenizer encodes " " + word, the pieces the word has
+in running text, as transformers' is_split_into_words with add_prefix_space), and the tag is
 predicted from the representation of the word's first sub-token; the other sub-tokens, [CLS],
 [SEP] and padding carry label weight 0. A word that yields no pieces (e.g. a lone control
 character) becomes [UNK], so that every word gets a prediction; a word of more than
@@ -155,7 +157,8 @@ def encode_sentences(sentences: Sequence[Sentence], labels: Sequence[str], token
   Args:
     sentences: S sentences (with tags, or all without).
     labels: the classes; a tag's index is its id.
-    tokenizer: a bertjax.tokenization.Tokenizer; each word is encoded on its own.
+    tokenizer: a bertjax.tokenization.Tokenizer; each word is encoded on its own
+      (`encode_words`).
     max_seq_length: length of every row, >= 3.
     source: the file the sentences are from, for messages.
 
@@ -177,7 +180,7 @@ def encode_sentences(sentences: Sequence[Sentence], labels: Sequence[str], token
   tagged = bool(sentences) and sentences[0].tags is not None
   label_id = {tag: i for i, tag in enumerate(labels)}
   all_words = [word for sentence in sentences for word in sentence.words]
-  pieces_of_words = [p[:limit] or [tokenizer.unk_id] for p in tokenizer.encode_batch(all_words)]
+  pieces_of_words = [p[:limit] or [tokenizer.unk_id] for p in tokenizer.encode_words(all_words)]
 
   windows: list[Window] = []
   rows: list[tuple[list[int], list[int], list[int]]] = []  # (ids, first positions, tag ids)

@@ -12,7 +12,8 @@ Each step follows google-research/bert's run_squad.py:
   in its words is skipped (run_squad does so, with a warning); a training question has exactly one
   answer unless it is impossible (SQuAD 2.0's `is_impossible`, read only with
   version_2_with_negative).
-- features: each word is tokenized on its own (token -> word map); the answer's word span becomes
+- features: each word is tokenized on its own (`Tokenizer.encode_words`: byte-level BPE encodes
+  " " + word, its pieces in running text; token -> word map); the answer's word span becomes
   a token span, narrowed to the tokens of the answer text where they occur inside it
   (`improve_answer_span`: "(1895-1943)." -> "1895"); the question is cut to max_query_length
   tokens; the context is cut into windows of max_seq_length - len(question) - 3 tokens that start
@@ -34,11 +35,8 @@ from typing import Any
 import numpy as np
 from absl import logging
 
-from bertjax import tokenization
 from bertjax.errors import UserError
 from bertjax.tokenization import Tokenizer
-
-_SENTENCEPIECE_WORD_START = "\u2581"  # "▁"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -295,11 +293,13 @@ def improve_answer_span(doc_ids: Sequence[int], start: int, end: int, tokenizer:
   whose tokens are exactly those of `answer_text`, or [start, end] itself if there is none
   (run_squad's _improve_answer_span: "(1895-1943)." holds the answer "1895").
 
-  With sentencepiece, whose pieces inside a word carry no mark, "the same tokens" means the same
-  text (`detokenize`): "(Zorbax)," is "▁(" "Zor" "bax" ")," but "Zorbax" alone "▁Zor" "bax".
+  Without BERT's BasicTokenizer (sentencepiece, byte-level BPE: `Tokenizer.basic_tokenizer`),
+  whose pieces inside a word carry no mark, "the same tokens" means the same text (`detokenize`):
+  "(Zorbax)," is "▁(" "Zor" "bax" ")," but "Zorbax" alone "▁Zor" "bax" (BPE: "Ġ(" "Z" "or" "bax"
+  against "ĠZ" "or" "bax").
   """
   answer_ids = list(tokenizer.encode(answer_text))
-  if isinstance(tokenizer, tokenization.SentencePieceTokenizer):
+  if not tokenizer.basic_tokenizer:
     answer = detokenize(answer_ids, tokenizer)
     matches = lambda ids: detokenize(ids, tokenizer) == answer
   else:
@@ -313,8 +313,9 @@ def improve_answer_span(doc_ids: Sequence[int], start: int, end: int, tokenizer:
 
 def _tokenize_words(words: Sequence[str], tokenizer: Tokenizer
                     ) -> tuple[list[int], np.ndarray, list[int]]:
-  """(doc_ids, tok_to_orig [num_tokens], orig_to_tok [num_words]) of words tokenized one by one."""
-  pieces = tokenizer.encode_batch(list(words)) if words else []
+  """(doc_ids, tok_to_orig [num_tokens], orig_to_tok [num_words]) of words tokenized one by one
+  (`Tokenizer.encode_words`)."""
+  pieces = tokenizer.encode_words(list(words)) if words else []
   orig_to_tok, doc_ids, tok_to_orig = [], [], []
   for i, ids in enumerate(pieces):
     orig_to_tok.append(len(doc_ids))
@@ -402,11 +403,7 @@ def convert_examples_to_features(examples: Sequence[Example], tokenizer: Tokeniz
 
 
 def detokenize(ids: Sequence[int], tokenizer: Tokenizer) -> str:
-  """The text of token ids as run_squad rebuilds it: pieces joined by spaces with "##"
-  continuations glued on (sentencepiece: pieces joined, "▁" a space), whitespace collapsed."""
-  pieces = [tokenizer.id_to_token(int(i)) for i in ids]
-  if isinstance(tokenizer, tokenization.SentencePieceTokenizer):
-    text = "".join(pieces).replace(_SENTENCEPIECE_WORD_START, " ")
-  else:
-    text = " ".join(pieces).replace(" ##", "").replace("##", "")
-  return " ".join(text.split())
+  """The text of token ids as run_squad rebuilds it (`Tokenizer.span_text`): pieces joined by
+  spaces with "##" continuations glued on (sentencepiece: pieces joined, "▁" a space; byte-level
+  BPE: the decoded text), whitespace collapsed."""
+  return tokenizer.span_text(ids)
