@@ -61,3 +61,67 @@ def test_peak_flops_table():
   assert flops.peak_flops("TPU v5 lite", "bfloat16") == 197e12
   assert flops.peak_flops("TPU v5p", "bfloat16") == 459e12
   assert flops.peak_flops("cpu", "float32") is None
+
+
+def _dot_flops(jaxpr) -> int:
+  """2 x the multiply-adds of every dot_general in a jaxpr, its sub-jaxprs (remat, pjit,
+  custom_vjp) included."""
+  import jax  # pylint: disable=import-outside-toplevel
+  total = 0
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "dot_general":
+      (contract, _), _ = eqn.params["dimension_numbers"]
+      lhs = eqn.invars[0].aval.shape
+      out = eqn.outvars[0].aval.shape
+      total += 2 * int(np.prod(out)) * int(np.prod([lhs[d] for d in contract]))
+    for param in eqn.params.values():
+      for sub in param if isinstance(param, (list, tuple)) else [param]:
+        if isinstance(sub, jax.extend.core.ClosedJaxpr):
+          total += _dot_flops(sub.jaxpr)
+        elif isinstance(sub, jax.extend.core.Jaxpr):
+          total += _dot_flops(sub)
+  return total
+
+
+def test_bert_and_modernbert_steps_compute_what_the_formula_says():
+  """The matmul FLOPs of the forward and backward pass, read from the traced program, on a batch
+  without padding: BERT's (with NSP) are the formula's exactly, ModernBERT's (GeGLU, no pooler)
+  the formula's less its pooled head; ModernBERT's window is computed densely by the reference
+  path, so its real work (the formula with the window) is less by the local layers' masked
+  pairs."""
+  import dataclasses  # pylint: disable=import-outside-toplevel
+  import jax  # pylint: disable=import-outside-toplevel
+  from bertjax.models import heads  # pylint: disable=import-outside-toplevel
+  from bertjax.models.config import bert_config  # pylint: disable=import-outside-toplevel
+
+  batch = bench.make_batch(50, batch_size=2, seq_len=24, max_predictions=4)
+  work = flops.work_of(batch)
+  bert = bert_config("tiny", vocab_size=50, num_layers=2, pad_vocab_to_multiple=1)
+  modern = bert_config("tiny", architecture="modernbert", vocab_size=50, num_layers=4,
+                       hidden_size=32, num_heads=2, intermediate_size=48, local_attention=8,
+                       pad_vocab_to_multiple=1)
+  for config, nsp in ((bert, True), (modern, False)):
+    model = heads.BertForPreTraining(config, next_sentence=nsp)
+    params = heads.init_from_batch(model, jax.random.key(0), batch)
+
+    def loss(params, model=model):
+      mlm, nsp_logits = heads.apply_to_batch(model, params, batch, deterministic=True)
+      return mlm.sum() + (0 if nsp_logits is None else nsp_logits.sum())
+
+    traced = _dot_flops(jax.make_jaxpr(jax.value_and_grad(loss))(params).jaxpr)
+    h = config.hidden_size
+    pooled_head = 0 if nsp else 6 * work.sequences * (h * h + 2 * h)
+    dense = dataclasses.replace(config, local_attention=2 * 24)  # every layer sees all
+    assert traced == flops.model_flops(dense, work) - pooled_head, config.architecture
+  assert flops.model_flops(modern, work) < flops.model_flops(
+      dataclasses.replace(modern, local_attention=48), work)
+
+
+def test_windowed_pairs_count_the_band():
+  for n in (1, 2, 5, 9, 30):
+    for window in (1, 2, 4, 64):
+      q = np.arange(n)
+      assert flops.windowed_pairs(n, window) == int(
+          (np.abs(q[:, None] - q[None, :]) <= window).sum()), (n, window)
+  # ModernBERT-base at 8,192 tokens: 2 x 64 + 1 keys a local query
+  assert flops.windowed_pairs(8192, 64) == 8192 * 129 - 64 * 65

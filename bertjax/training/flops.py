@@ -20,6 +20,15 @@ sequence's own n_i x n_i block, not the cross-sequence scores the mask throws aw
 last line (pooler and a 2-way classifier); a head on every token (tagging, spans) adds
 6 * T * H * labels more, under 0.1% of BERT-base's step.
 
+ModernBERT (`BertConfig.architecture='modernbert'`) differs in two terms. Its GeGLU feed-forward
+has two input projections of width F and one output: 6 * T * L * (4 H^2 + 3 H F). Its L_g global
+layers (every global_attention_every-th, the first included) attend as BERT's, and its L - L_g
+local ones only the keys within w = local_attention // 2 of each query, in its own sequence:
+  12 * H * (L_g * sum_i n_i^2 + (L - L_g) * sum_i pairs(n_i, w)),
+  pairs(n, w) = n + 2 * sum_{d=1..min(w, n-1)} (n - d)   (the (q, k) with |q - k| <= w)
+so at 8,192 tokens a local layer's attention is 257 / 8,192 of a global one's. The shared head
+counts as BERT's MLM transform and pooler.
+
 MFU = model FLOPs / step time / (devices x the device's dense peak for the compute dtype).
 """
 from __future__ import annotations
@@ -67,6 +76,9 @@ class Work:
   sequences: int  # N: real sequences (a packed row's each)
   squared_lengths: int  # sum_i n_i^2 over the real sequences
   predictions: int  # P: real prediction slots (0 without an MLM head)
+  # n_i of each real sequence, sorted: for windowed (local) attention; not compared, as the
+  # counts above determine BERT's FLOPs.
+  lengths: tuple[int, ...] = dataclasses.field(default=(), compare=False)
 
 
 def work_of(batch: Mapping[str, np.ndarray]) -> Work:
@@ -91,12 +103,26 @@ def work_of(batch: Mapping[str, np.ndarray]) -> Work:
   weights = batch.get("masked_lm_weights")
   return Work(tokens=int(mask.sum()), sequences=int(lengths.size),
               squared_lengths=int(np.sum(lengths * lengths)),
-              predictions=0 if weights is None else int(np.count_nonzero(np.asarray(weights) > 0)))
+              predictions=0 if weights is None else int(np.count_nonzero(np.asarray(weights) > 0)),
+              lengths=tuple(sorted(int(n) for n in lengths)))
+
+
+def windowed_pairs(n: int, window: int) -> int:
+  """The (query, key) pairs of a sequence of n tokens with |q - k| <= window."""
+  m = min(window, n - 1)
+  return n + 2 * (m * n - m * (m + 1) // 2)
 
 
 def model_flops(config: BertConfig, work: Work) -> int:
   """Training FLOPs of one step doing `work`, by the formula in the module docstring (exact
   integer; linear in the counts, so a step over several hosts' batches is the sum)."""
   h, f, l, v = config.hidden_size, config.intermediate_size, config.num_layers, config.vocab_size
-  return (6 * work.tokens * l * (4 * h * h + 2 * h * f) + 12 * l * h * work.squared_lengths
-          + 6 * work.predictions * (h * h + h * v) + 6 * work.sequences * (h * h + 2 * h))
+  heads = 6 * work.predictions * (h * h + h * v) + 6 * work.sequences * (h * h + 2 * h)
+  if not config.is_modernbert:
+    return (6 * work.tokens * l * (4 * h * h + 2 * h * f) + 12 * l * h * work.squared_lengths
+            + heads)
+  global_layers = sum(config.window(i) is None for i in range(l))
+  pairs = sum(windowed_pairs(n, config.local_attention // 2) for n in work.lengths)
+  return (6 * work.tokens * l * (4 * h * h + 3 * h * f)
+          + 12 * h * (global_layers * work.squared_lengths + (l - global_layers) * pairs)
+          + heads)
