@@ -17,6 +17,7 @@ from bertjax.errors import UserError
 from bertjax.models import heads
 from bertjax.models.config import bert_config
 from bertjax.training import flops
+from bertjax.training import flops
 
 TINY = dict(batch_size=4, seq_len=16, max_predictions=3, steps=2, warmup=1, vocab_size=128)
 
@@ -181,3 +182,22 @@ def test_bertjax_only_options_are_refused_with_other_peers():
   with pytest.raises(UserError, match="unknown --prng 'philox'"):
     bench.run(sizes=["tiny"], peers=["bertjax"], **TINY,
               options=bench.BertjaxOptions(prng="philox"))
+
+
+def test_modernbert_rows_time_its_step_and_count_its_flops(capsys):
+  """--architecture=modernbert times bertjax's ModernBERT step (masked LM alone), counts its
+  FLOPs by its formula (GeGLU, windowed layers), and is refused with BERT's peers or sizes."""
+  rows = bench.main(["--architecture=modernbert", "--size=tiny", "--peers=bertjax",
+                     "--batch_size=2", "--seq_len=32", "--max_predictions=8", "--steps=2",
+                     "--warmup=1", "--vocab_size=128", "--attention=xla", "--packing=2"])
+  [row] = rows
+  assert row["step_ms"] > 0 and row["attention"] == "xla"
+  config = bert_config("tiny", "modernbert", vocab_size=128)
+  batch = bench.make_batch(128, 2, 32, 8, packing=2)
+  assert row["model_flops"] == flops.model_flops(config, flops.work_of(batch))
+  with pytest.raises(UserError, match="--peers=bertjax"):
+    bench.run(sizes=["tiny"], peers=["bertjax", "torch"], **TINY,
+              options=bench.BertjaxOptions(architecture="modernbert"))
+  with pytest.raises(UserError, match="unknown --size 'mini'"):
+    bench.run(sizes=["mini"], peers=["bertjax"], **TINY,
+              options=bench.BertjaxOptions(architecture="modernbert"))

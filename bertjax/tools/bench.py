@@ -5,20 +5,22 @@
       [--peers=bertjax,torch,hf_flax] [--vocab_size=30522] [--json=OUT.json] \
       [--attention=auto|reference|xla|cudnn|splash] [--packing=K] [--remat=none|full|dots] \
       [--optimizer=adamw|lamb|stable_adamw] [--prng=threefry|rbg|unsafe_rbg] [--memory_only]
+      [--architecture=bert|modernbert]
 
 bertjax's own choices: `--attention` (a fused path runs without attention dropout, which fused
 kernels cannot apply; `auto` and `reference` keep the paper's 0.1, so `auto` is the reference
 einsum), `--packing=K` (each row holds K sequences of seq_len / K tokens, with their sequence
 ids, positions and one [CLS] and NSP label each, and the same max_predictions per row: the cost
 of the block-diagonal mask; the gain of packing, fewer padding tokens, depends on the data and
-is reported by `python -m bertjax.tools.data_benchmark`), `--remat`, `--optimizer` and `--prng`
+is reported by `python -m bertjax.tools.data_benchmark`), `--architecture=modernbert`
+(ModernBERT of MODERNBERT_SIZES' `--size`, masked LM alone, no attention dropout; bertjax alone),
+`--remat`, `--optimizer` and `--prng`
 (`train.prng_impl`: the keys of the init and of dropout). Every bertjax row also gives the
 seconds its train step and its parameter init (`steps.build(...).compile_init`, threefry lowered
 as one kernel a hash on GPUs) take to compile, and the compiled memory per device of its train
-step
-(`jit(step).lower(...).compile().memory_analysis()`: arguments + outputs - donated + temporaries,
-XLA's own plan, for any shape on any backend); `--memory_only` compiles without running, so the
-memory of BERT-large at seq 512 can be read on a laptop.
+step (`jit(step).lower(...).compile().memory_analysis()`: arguments + outputs - donated +
+temporaries, XLA's own plan, for any shape on any backend); `--memory_only` compiles without
+running, so the memory of BERT-large at seq 512 can be read on a laptop.
 
 The peers run on the same machine, in one process, on the same random batch (every token real,
 `max_predictions` masked positions per example), and do the whole step: forward with dropout 0.1,
@@ -93,7 +95,7 @@ from bertjax.configs import tiny
 from bertjax.errors import UserError
 from bertjax.models import heads
 from bertjax.models.attention import resolve_attention
-from bertjax.models.config import ATTENTIONS, REMATS, SIZES, bert_config
+from bertjax.models.config import ATTENTIONS, MODERNBERT_SIZES, REMATS, SIZES, bert_config
 from bertjax.tasks import pretraining, pretraining_config
 from bertjax.tools import bench_measure, bench_peers, bench_tables
 from bertjax.tools.bench_peers import PEERS
@@ -156,6 +158,10 @@ def _bertjax_config(size: str, batch_size: int, seq_len: int, max_predictions: i
   config.model.dropout_rate = 0.1
   config.model.attention = options.attention
   config.model.attention_dropout_rate = 0.1 if options.attention in ("auto", "reference") else 0.0
+  if options.architecture == "modernbert":  # its recipe: no NSP, no attention dropout
+    config.model.architecture = "modernbert"
+    config.model.attention_dropout_rate = 0.0
+    config.pretraining.nsp = False
   config.model.remat = options.remat
   config.train.optimizer = options.optimizer
   config.train.prng_impl = options.prng
@@ -179,6 +185,7 @@ class BertjaxOptions:
   optimizer: str = "adamw"
   prng: str = "threefry"
   memory_only: bool = False
+  architecture: str = "bert"
 
 
 def build_bertjax(size: str, batch: dict[str, np.ndarray], vocab_size: int, dtype: str,
@@ -190,8 +197,10 @@ def build_bertjax(size: str, batch: dict[str, np.ndarray], vocab_size: int, dtyp
   max_predictions = batch["masked_lm_positions"].shape[1]
   config = _bertjax_config(size, batch_size, seq_len, max_predictions, dtype, steps, warmup,
                            options)
-  model = heads.BertForPreTraining(pretraining_config.model_config(config, vocab_size))
-  task = task_lib.Task(model=model, terms=pretraining.make_terms(5),
+  nsp = options.architecture == "bert"
+  model = heads.BertForPreTraining(pretraining_config.model_config(config, vocab_size),
+                                   next_sentence=nsp)
+  task = task_lib.Task(model=model, terms=pretraining.make_terms(5, nsp),
                        batches=task_lib.Batches(train=lambda position: iter(())))
   return task, train_steps.build(config, task, batch)
 
@@ -261,9 +270,13 @@ def _check_options(options: BertjaxOptions, peers: Sequence[str], seq_len: int,
                                ("prng", options.prng, tuple(train_steps.PRNG_IMPLS))):
     if value not in allowed:
       raise UserError(f"unknown --{flag} {value!r}; use one of {', '.join(allowed)}.")
-  if (options.packing or options.memory_only) and list(peers) != ["bertjax"]:
-    raise UserError("--packing and --memory_only are bertjax's alone (transformers has no "
-                    "packing, and its memory is measured by running); add --peers=bertjax.")
+  if (options.packing or options.memory_only or options.architecture != "bert") and list(
+      peers) != ["bertjax"]:
+    raise UserError("--packing, --memory_only and --architecture=modernbert are bertjax's alone "
+                    "(transformers has no packing, its memory is measured by running, and its "
+                    "peers are BERT's); add --peers=bertjax.")
+  if options.architecture not in ("bert", "modernbert"):
+    raise UserError(f"unknown --architecture {options.architecture!r}; use bert, modernbert.")
   if options.packing < 0 or options.packing and seq_len // options.packing < 2:
     raise UserError(f"--packing={options.packing} leaves fewer than 2 tokens a sequence at "
                     f"--seq_len={seq_len}; use 0 (no packing) or fewer sequences a row.")
@@ -272,14 +285,16 @@ def _check_options(options: BertjaxOptions, peers: Sequence[str], seq_len: int,
                     f"{options.packing} tokens that are not [CLS]; lower it.")
 
 
-def _check(sizes: Sequence[str], peers: Sequence[str], dtype: str, **positive: int) -> None:
+def _check(sizes: Sequence[str], peers: Sequence[str], dtype: str, architecture: str = "bert",
+           **positive: int) -> None:
   """Raises UserError naming the first argument that cannot work."""
+  known = MODERNBERT_SIZES if architecture == "modernbert" else SIZES
   for size in sizes:
-    if size not in SIZES:
-      raise UserError(f"unknown --size {size!r}; use one or more of {','.join(SIZES)} "
+    if size not in known:
+      raise UserError(f"unknown --size {size!r}; use one or more of {','.join(known)} "
                       "(comma-separated).")
   if not sizes:
-    raise UserError(f"--size is empty; give one or more of {','.join(SIZES)}.")
+    raise UserError(f"--size is empty; give one or more of {','.join(known)}.")
   for peer in peers:
     if peer not in PEERS:
       raise UserError(f"unknown --peers entry {peer!r}; use one or more of {','.join(PEERS)}.")
@@ -317,12 +332,12 @@ def run(sizes: Sequence[str] = ("tiny",), peers: Sequence[str] | None = None, ba
     total, and the saved activations). With options.memory_only the timing fields are None.
   """
   peers = bench_peers.default_peers() if peers is None else peers
-  _check(sizes, peers, dtype, batch_size=batch_size, seq_len=seq_len,
+  _check(sizes, peers, dtype, options.architecture, batch_size=batch_size, seq_len=seq_len,
          max_predictions=max_predictions, steps=steps, warmup=warmup, vocab_size=vocab_size)
   _check_options(options, peers, seq_len, max_predictions)
   rows = []
   for size in sizes:
-    config = bert_config(size, vocab_size=vocab_size, dtype=dtype,
+    config = bert_config(size, options.architecture, vocab_size=vocab_size, dtype=dtype,
                          max_position_embeddings=max(512, seq_len))
     batch = make_batch(vocab_size, batch_size, seq_len, max_predictions, packing=options.packing)
     work = flops.work_of(batch)
@@ -401,6 +416,7 @@ def _parser() -> argparse.ArgumentParser:
                       help="bertjax's optimizer: adamw, lamb, stable_adamw")
   parser.add_argument("--prng", default="threefry",
                       help="bertjax's train.prng_impl: threefry, rbg, unsafe_rbg")
+  parser.add_argument("--architecture", default="bert", help="bertjax's model: bert, modernbert")
   parser.add_argument("--memory_only", action="store_true",
                       help="bertjax only: compile the step and print its memory, run nothing")
   return parser
@@ -411,7 +427,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
   args = _parser().parse_args(argv)
   options = BertjaxOptions(attention=args.attention, packing=args.packing, remat=args.remat,
                            optimizer=args.optimizer, prng=args.prng,
-                           memory_only=args.memory_only)
+                           memory_only=args.memory_only, architecture=args.architecture)
   try:
     rows = run(sizes=_csv(args.size), peers=None if args.peers is None else _csv(args.peers),
                batch_size=args.batch_size,
