@@ -1,13 +1,15 @@
-"""Converts BERT checkpoints between Hugging Face transformers and bertjax.
+"""Converts BERT and ModernBERT checkpoints between Hugging Face transformers and bertjax.
 
   python -m bertjax.convert --from=hf --src=HF_DIR --dst=OUT
       HF_DIR: a transformers save_pretrained directory (config.json, model.safetensors or
-      pytorch_model.bin, tokenizer files). OUT gets checkpoints/0/ (a bertjax checkpoint that
+      pytorch_model.bin, tokenizer files) of a BERT or, with model_type "modernbert", a
+      ModernBERT (its tokenizer.json). OUT gets checkpoints/0/ (a bertjax checkpoint that
       `--config.init_checkpoint=OUT` starts from), bert_config.json and the tokenizer files.
   python -m bertjax.convert --to=hf --src=OUT --dst=HF_DIR
       OUT: a directory written by --from=hf (or any bertjax checkpoint directory with a
       bert_config.json). HF_DIR gets config.json, model.safetensors and the tokenizer files;
-      transformers.BertForPreTraining.from_pretrained(HF_DIR) loads it.
+      transformers.BertForPreTraining.from_pretrained(HF_DIR) loads it (a ModernBERT:
+      ModernBertForMaskedLM, or the class config.json names).
   python -m bertjax.convert --from=tf --src=GOOGLE_DIR --dst=OUT [--do_lower_case=true|false]
       GOOGLE_DIR: a Google BERT release (bert_config.json, vocab.txt, bert_model.ckpt.*); needs
       TensorFlow (pip install 'bertjax[tf]'). OUT as for --from=hf, plus tokenizer_config.json
@@ -26,7 +28,7 @@ import shutil
 import sys
 
 from bertjax import model_files
-from bertjax.convert import hf, hf_files, hf_rules
+from bertjax.convert import hf, hf_files, hf_modernbert, hf_rules
 from bertjax.convert import tf
 from bertjax.errors import UserError
 
@@ -68,13 +70,16 @@ def to_hf_dir(src: str, dst: str) -> str:
   _check_dst(dst)
   params, config = hf.load_bertjax_checkpoint(src)
   tensors = hf.to_hf(params, config)
-  architecture = hf.hf_architecture(params)
-  task, num_labels = hf.params_task(params)
+  architecture = hf.hf_architecture(params, config)
+  task, num_labels = hf.params_task(params, config)
+  token_ids = (hf_modernbert.special_token_ids(src, config.vocab_size) if config.is_modernbert
+               else None)
   os.makedirs(dst, exist_ok=True)
   with open(os.path.join(dst, "config.json"), "w", encoding="utf-8") as f:
-    labelled = task and hf_rules.TASK_HEADS[task].labelled
+    labelled = task and hf_rules.table_of(config).task_heads[task].labelled
     json.dump(hf_files.bert_config_to_hf_config(config, [architecture],
-                                                num_labels if labelled else None), f, indent=2)
+                                                num_labels if labelled else None, token_ids),
+              f, indent=2)
     f.write("\n")
   save_file(tensors, os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
   for path in model_files.tokenizer_files(src):
@@ -84,7 +89,8 @@ def to_hf_dir(src: str, dst: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(
-      prog="convert", description="Convert BERT checkpoints between Hugging Face and bertjax.")
+      prog="convert",
+      description="Convert BERT and ModernBERT checkpoints between Hugging Face and bertjax.")
   direction = parser.add_mutually_exclusive_group(required=True)
   direction.add_argument("--from", dest="source", choices=["hf", "tf"],
                          help="convert a checkpoint of this format to bertjax")

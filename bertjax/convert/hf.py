@@ -1,8 +1,13 @@
-"""Hugging Face transformers BERT <-> bertjax weights: the table of rules (`hf_rules`), applied.
+"""Hugging Face transformers BERT and ModernBERT <-> bertjax weights: the tables of rules
+(`hf_rules`), applied.
 
-The rules pair each Hugging Face tensor name with a bertjax parameter path and a transform
-('copy' or 'transpose', each its own inverse), so the one table converts both ways; they, the
-task heads and the parameter groups are in `bertjax.convert.hf_rules`.
+The rules pair each Hugging Face tensor name with bertjax parameter paths and a transform (a
+pair of functions, each the other's inverse), so one table converts both ways; the tables (one
+per architecture, chosen by `BertConfig.architecture`: `hf_rules.table_of`), their task heads
+and parameter groups are in `bertjax.convert.hf_rules`. What follows is said of BERT's names;
+ModernBERT's (`model.` prefixed, `decoder.*`, `head.*`, `classifier.*`) go the same way, its
+`decoder.bias` being the MLM bias itself and its shared head `head.*` an optional group, absent
+from a bare ModernBertModel (see `hf_rules.MODERNBERT`).
 
 What is converted (`from_hf`):
   - the encoder (`bert.` prefixed names, or prefix-less as a bare `BertModel` saves them);
@@ -88,13 +93,14 @@ def _shapes(model: nn.Module, ids: jax.Array) -> dict[str, tuple[int, ...]]:
 
 def expected_shapes(config: BertConfig, task: str | None = None,
                     num_labels: int = 2) -> dict[str, tuple[int, ...]]:
-  """{path: shape} of every parameter of bertjax's BertForPreTraining, plus those of the head of
-  `task` (an architecture in hf_rules.TASK_HEADS) with `num_labels` when given (no arrays
-  built). The vocabulary-axis parameters (init_params.VOCAB_ROW_PARAMS) have padded_vocab_size
-  rows."""
-  shapes = _shapes(heads.BertForPreTraining(config), jnp.zeros((1, 2), jnp.int32))
+  """{path: shape} of every parameter of bertjax's BertForPreTraining (ModernBERT's without NSP),
+  plus those of the head of `task` (a key of the config's table's task_heads) with `num_labels`
+  when given (no arrays built). The vocabulary-axis parameters (init_params.VOCAB_ROW_PARAMS)
+  have padded_vocab_size rows."""
+  table = hf_rules.table_of(config)
+  shapes = _shapes(table.pretraining(config), jnp.zeros((1, 2), jnp.int32))
   if task:
-    head = hf_rules.TASK_HEADS[task]
+    head = table.task_heads[task]
     ids = jnp.zeros((1, 2, 2) if head.choices else (1, 2), jnp.int32)
     shapes.update(_shapes(head.model(config, num_labels), ids))
   return shapes
@@ -108,14 +114,17 @@ def _hf_shape(path: str, shape: tuple[int, ...], config: BertConfig) -> tuple[in
 
 def from_hf(state_dict: dict[str, np.ndarray], config: BertConfig, task: str | None = None,
             num_labels: int = 2) -> tuple[dict[str, Any], ConversionReport]:
-  """Converts Hugging Face BERT weights to bertjax parameters.
+  """Converts Hugging Face BERT or ModernBERT weights to bertjax parameters.
 
   Args:
     state_dict: {Hugging Face name: array}, e.g. from `hf_files.load_hf_state_dict`; names of
-      BertModel (prefix-less or 'bert.'), BertForPreTraining, BertForMaskedLM, or a task model.
-      Old names 'LayerNorm.gamma' / 'LayerNorm.beta' are read as 'weight' / 'bias'.
-    config: the model's BertConfig (`hf_files.hf_config_to_bert_config`).
-    task: for a task model, its architecture (a key of hf_rules.TASK_HEADS; `hf_files.hf_task`
+      BertModel (prefix-less or 'bert.'), BertForPreTraining, BertForMaskedLM, or a task model;
+      for a ModernBERT config, of ModernBertModel (prefix-less or 'model.'),
+      ModernBertForMaskedLM or a ModernBERT task model. Old names 'LayerNorm.gamma' /
+      'LayerNorm.beta' are read as 'weight' / 'bias'.
+    config: the model's BertConfig (`hf_files.hf_config_to_bert_config`); its architecture
+      picks the table.
+    task: for a task model, its architecture (a key of the table's task_heads; `hf_files.hf_task`
       reads it from config.json), whose head is converted too; None for the others.
     num_labels: the task head's number of labels (`hf_files.hf_task`).
   Returns:
@@ -126,10 +135,11 @@ def from_hf(state_dict: dict[str, np.ndarray], config: BertConfig, task: str | N
     UserError: naming every unmapped tensor, shape mismatch, unfilled encoder parameter, partly
       filled group, and untied decoder.
   """
-  if task is not None and task not in hf_rules.TASK_HEADS:
-    raise ValueError(f"task must be one of {sorted(hf_rules.TASK_HEADS)}, not {task!r}")
+  table = hf_rules.table_of(config)
+  if task is not None and task not in table.task_heads:
+    raise ValueError(f"task must be one of {sorted(table.task_heads)}, not {task!r}")
   expected = expected_shapes(config, task, num_labels)
-  patterns = hf_rules.hf_patterns(task)
+  patterns = hf_rules.hf_patterns(task, table)
   problems: list[str] = []
   flat: dict[str, np.ndarray] = {}
   sources: dict[str, str] = {}
@@ -137,46 +147,55 @@ def from_hf(state_dict: dict[str, np.ndarray], config: BertConfig, task: str | N
   normals = {re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight",
                     re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", name)): name
              for name in state_dict}
-  if hf_rules.DECODER_BIAS in normals and "cls.predictions.bias" not in normals:
+  decoder_bias = table.decoder_bias
+  if decoder_bias in normals and "cls.predictions.bias" not in normals:
     # Some checkpoints keep only the decoder's (tied) copy of the output bias: read it as such.
-    normals["cls.predictions.bias"] = normals.pop(hf_rules.DECODER_BIAS)
+    normals["cls.predictions.bias"] = normals.pop(decoder_bias)
   for normal, name in sorted(normals.items()):
     array = np.asarray(state_dict[name])
-    if hf_rules.IGNORED.match(normal):
+    if table.ignored is not None and table.ignored.match(normal):
       ignored.append(name)
       continue
-    if normal in (hf_rules.DECODER_WEIGHT, hf_rules.DECODER_BIAS):
+    if normal in (table.decoder_weight, decoder_bias):
       tied[normal] = (name, array)
       ignored.append(name)
       continue
-    rule = hf_rules.hf_rule(normal, patterns)
-    if rule is None and hf_rules.TASK_HEAD_TENSOR.match(normal):
+    rule = hf_rules.hf_rule(normal, patterns, table)
+    if rule is None and table.task_head_tensor.match(normal):
       problems.append(f"{name} {array.shape} belongs to a task head, but config.json's "
-                      "architectures does not name one of " + ", ".join(hf_rules.TASK_HEADS))
+                      "architectures does not name one of " + ", ".join(table.task_heads))
       continue
     if rule is None:
       problems.append(f"{name} {array.shape} matches no rule")
       continue
-    path, transform = rule
-    if path not in expected:
-      problems.append(f"{name} maps to {path}, which the model does not have (is "
+    paths, transform = rule
+    unknown = [path for path in paths if path not in expected]
+    if unknown:
+      problems.append(f"{name} maps to {', '.join(unknown)}, which the model does not have (is "
                       f"num_layers={config.num_layers} right?)")
       continue
-    if path in flat:
-      problems.append(f"{name} and {sources[path]} both map to {path}")
+    taken = [path for path in paths if path in flat]
+    if taken:
+      problems.append(f"{name} and {sources[taken[0]]} both map to {taken[0]}")
       continue
-    value = hf_rules.TRANSFORMS[transform](array).astype(np.float32)
-    wanted = _hf_shape(path, expected[path], config)  # padded below, once all is checked
-    if value.shape != wanted:
-      problems.append(f"{name} {array.shape} -> {path} {value.shape} ({transform}), the model "
-                      f"expects {wanted}")
+    try:
+      values = hf_rules.TRANSFORMS[transform].to_bertjax(array)
+    except (ValueError, IndexError):  # a shape the transform cannot split or reshape
+      values = None
+    wanted = [_hf_shape(path, expected[path], config) for path in paths]  # padded below
+    if values is None or [v.shape for v in values] != wanted:
+      got = "" if values is None else " " + ", ".join(str(v.shape) for v in values)
+      problems.append(f"{name} {array.shape} -> {', '.join(paths)}{got} ({transform}), the "
+                      f"model expects {', '.join(map(str, wanted))}")
       continue
-    flat[path], sources[path] = np.ascontiguousarray(value), name
+    for path, value in zip(paths, values):
+      flat[path] = np.ascontiguousarray(value.astype(np.float32))
+      sources[path] = name
 
   missing = []
   unfilled = sorted(set(expected) - set(flat))
   for path in unfilled:
-    group = hf_rules.group_of(path, task)
+    group = hf_rules.group_of(path, task, table)
     if group == hf_rules.REQUIRED_GROUP:
       problems.append(f"{path} {expected[path]} is not in the checkpoint")
     elif any(p.startswith(group) for p in flat):
@@ -187,13 +206,13 @@ def from_hf(state_dict: dict[str, np.ndarray], config: BertConfig, task: str | N
 
   # The tied decoder: a stored copy must equal what bertjax ties it to.
   word = flat.get("bert/embeddings/word_embeddings/embedding")
-  if hf_rules.DECODER_WEIGHT in tied and word is not None:
-    name, array = tied[hf_rules.DECODER_WEIGHT]
+  if table.decoder_weight in tied and word is not None:
+    name, array = tied[table.decoder_weight]
     if array.shape != word.shape or not np.array_equal(array, word):
       problems.append(f"{name} differs from the word embeddings; bertjax ties the MLM decoder to "
                       "them, so an untied decoder cannot be converted")
-  if hf_rules.DECODER_BIAS in tied:
-    name, array = tied[hf_rules.DECODER_BIAS]
+  if decoder_bias is not None and decoder_bias in tied:
+    name, array = tied[decoder_bias]
     bias = flat.get("masked_lm/output_bias")
     if bias is None or array.shape != bias.shape or not np.array_equal(array, bias):
       problems.append(f"{name} differs from cls.predictions.bias; they must be one tied bias")
@@ -202,7 +221,7 @@ def from_hf(state_dict: dict[str, np.ndarray], config: BertConfig, task: str | N
     raise UserError(
         f"cannot convert the Hugging Face checkpoint ({len(problems)} problems): "
         f"{_listing(problems)}. Check that config.json belongs to these weights and that they "
-        "are a BERT (BertModel, BertForPreTraining, BertForMaskedLM or a BERT task model).")
+        f"are {table.description}.")
   for path in init_params.VOCAB_ROW_PARAMS:
     if path in flat:  # [vocab_size, ...] -> [padded_vocab_size, ...], zero padding rows
       flat[path] = init_params.vocab_rows(flat[path], config.vocab_size, expected[path][0])
@@ -210,19 +229,22 @@ def from_hf(state_dict: dict[str, np.ndarray], config: BertConfig, task: str | N
   return traverse_util.unflatten_dict(flat, sep="/"), report
 
 
-def params_task(params: dict[str, Any]) -> tuple[str | None, int]:
-  """(the architecture in hf_rules.TASK_HEADS whose head `params` holds, or None; its num_labels).
+def params_task(params: dict[str, Any],
+                config: BertConfig | None = None) -> tuple[str | None, int]:
+  """(the architecture among the task heads of `config`'s table (BERT's when None) whose head
+  `params` holds, or None; its num_labels).
 
   Raises:
     UserError: the parameters hold more than one task head (a Hugging Face model has one).
   """
-  found = [task for task, head in hf_rules.TASK_HEADS.items() if head.name in params]
+  task_heads = hf_rules.table_of(config).task_heads
+  found = [task for task, head in task_heads.items() if head.name in params]
   if len(found) > 1:
     raise UserError(f"the parameters hold the heads of {found}; a Hugging Face model has one "
                     "task head, so convert a checkpoint with one.")
   if not found:
     return None, 2
-  kernel = params[hf_rules.TASK_HEADS[found[0]].name].get("classifier", {}).get("kernel")
+  kernel = params[task_heads[found[0]].name].get("classifier", {}).get("kernel")
   return found[0], (2 if kernel is None else int(np.shape(kernel)[-1]))
 
 
@@ -255,28 +277,33 @@ def refuse_bilstm(groups) -> None:
 
 
 def to_hf(params: dict[str, Any], config: BertConfig) -> dict[str, np.ndarray]:
-  """bertjax parameters -> Hugging Face tensors of BertForPreTraining and the task head, if any.
+  """bertjax parameters -> Hugging Face tensors of BertForPreTraining (for a ModernBERT config:
+  ModernBertForMaskedLM) and the task head, if any.
 
   Args:
     params: nested dict ('bert', and any of 'masked_lm', 'next_sentence' and one task head), as
       `from_hf` or a train state holds them; the pooler and the heads may be absent (their
       tensors are then not written).
-    config: the model's BertConfig.
+    config: the model's BertConfig; its architecture picks the table.
   Returns:
-    {name: float32 contiguous numpy array}: 'bert.*', 'cls.*' and the task head's names; no tied
-    decoder. The word embeddings and the MLM bias keep their vocab_size real rows (the padding
-    rows are dropped).
+    {name: float32 contiguous numpy array}: 'bert.*', 'cls.*' and the task head's names
+    (ModernBERT: 'model.*', 'head.*', 'decoder.bias', 'classifier.*'; an encoder alone without
+    the 'model.' prefix, as ModernBertModel saves it); no tied decoder. The word embeddings and
+    the MLM bias keep their vocab_size real rows (the padding rows are dropped).
   Raises:
     UserError: a causal model (`refuse_causal`), a parameter no rule maps, a wrong shape, or a
       missing encoder parameter.
   """
   refuse_causal(config)
   refuse_bilstm(params)
-  task, num_labels = params_task(params)
+  table = hf_rules.table_of(config)
+  task, num_labels = params_task(params, config)
   expected = expected_shapes(config, task, num_labels)
-  patterns = hf_rules.bj_patterns(task)
+  patterns = hf_rules.bj_patterns(task, table)
+  prefixed = table.prefix_bare or hf_architecture(params, config) != table.bare
   flat = traverse_util.flatten_dict(params, sep="/")
   problems, out = [], {}
+  parts: dict[str, tuple[str, list]] = {}  # Hugging Face name -> (transform, its rule's arrays)
   for path in sorted(flat):
     value = np.asarray(flat[path], np.float32)
     if path not in expected:
@@ -288,17 +315,21 @@ def to_hf(params: dict[str, Any], config: BertConfig) -> dict[str, np.ndarray]:
       continue
     if path in init_params.VOCAB_ROW_PARAMS:  # [padded_vocab_size, ...] -> [vocab_size, ...]
       value = init_params.vocab_rows(value, config.vocab_size, config.vocab_size)
-    for pattern, hf, transform in patterns:
+    for pattern, hf, transform, place, count in patterns:
       match = pattern.match(path)
       if match:
         name = hf_rules.fill(hf, match)
-        out["bert." + name if name.startswith(hf_rules.ENCODER_PREFIXES) else name] = (
-            np.ascontiguousarray(hf_rules.TRANSFORMS[transform](value)))
+        parts.setdefault(name, (transform, [None] * count))[1][place] = value
         break
     else:  # every bertjax parameter has a rule; a test checks this
       problems.append(f"{path} matches no rule")
+  for name, (transform, arrays) in parts.items():
+    if all(a is not None for a in arrays):  # else a path is missing: named below
+      if prefixed and name.startswith(table.encoder_names):
+        name = table.encoder_prefix + name
+      out[name] = np.ascontiguousarray(hf_rules.TRANSFORMS[transform].to_hf(*arrays))
   for path in sorted(set(expected) - set(flat)):
-    group = hf_rules.group_of(path, task)
+    group = hf_rules.group_of(path, task, table)
     if group == hf_rules.REQUIRED_GROUP or any(p.startswith(group) for p in flat):
       problems.append(f"{path} {expected[path]} is missing")
   if problems:
@@ -308,23 +339,25 @@ def to_hf(params: dict[str, Any], config: BertConfig) -> dict[str, np.ndarray]:
   return out
 
 
-def hf_architecture(params: dict[str, Any]) -> str:
-  """The transformers class whose names `to_hf(params)` writes, by the heads present.
+def hf_architecture(params: dict[str, Any], config: BertConfig | None = None) -> str:
+  """The transformers class whose names `to_hf(params, config)` writes, by the heads present
+  (BERT's classes when `config` is None).
 
   With a task head, that task's class (pretraining heads, if also present, are written too and
   transformers ignores them when it loads the task class).
   """
-  task, _ = params_task(params)
+  table = hf_rules.table_of(config)
+  task, _ = params_task(params, config)
   if task:
     return task
   has_mlm, has_nsp = "masked_lm" in params, "next_sentence" in params
   if has_mlm and has_nsp:
     return "BertForPreTraining"
   if has_mlm:
-    return "BertForMaskedLM"
+    return table.masked_lm
   if has_nsp:
     return "BertForNextSentencePrediction"
-  return "BertModel"
+  return table.bare
 
 
 # --- bertjax checkpoints on disk ----------------------------------------------------------------
@@ -342,7 +375,7 @@ def load_bertjax_checkpoint(directory: str) -> tuple[dict[str, Any], BertConfig]
   saved = init_params.saved_param_shapes(directory)
   refuse_bilstm({path.split("/")[0] for path in saved})
   task, num_labels = None, 2
-  for name, head in hf_rules.TASK_HEADS.items():
+  for name, head in hf_rules.table_of(config).task_heads.items():
     kernel = saved.get(f"{head.name}/classifier/kernel")
     if kernel is not None:
       if task is not None:

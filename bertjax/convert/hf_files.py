@@ -1,5 +1,8 @@
 """A Hugging Face `save_pretrained` directory: config.json (<-> BertConfig) and the weights.
 
+config.json's model_type picks the architecture: 'bert' here, 'modernbert' in
+`bertjax.convert.hf_modernbert`.
+
 Weights are read from model.safetensors (or its sharded index) with safetensors.numpy; only
 without them from pytorch_model.bin (or its index), and then through
 `torch.load(..., weights_only=True)`, so a pickle that would run code is refused.
@@ -12,7 +15,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from bertjax.convert.hf_rules import TASK_HEADS
+from bertjax.convert import hf_modernbert, hf_rules
 from bertjax.errors import UserError
 from bertjax.models.config import BertConfig
 
@@ -21,16 +24,19 @@ _ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "g
 
 
 def hf_config_to_bert_config(hf_config: dict[str, Any]) -> BertConfig:
-  """A transformers BertConfig (its config.json as a dict) -> bertjax BertConfig.
+  """A transformers BertConfig or ModernBertConfig (its config.json as a dict) -> bertjax
+  BertConfig (ModernBERT's: `hf_modernbert.to_bert_config`).
 
   Raises:
-    UserError: not a BERT config, an architecture bertjax does not have (decoder, cross
-      attention, relative positions), an unknown activation, or a missing field.
+    UserError: neither a BERT nor a ModernBERT config, an architecture bertjax does not have
+      (decoder, cross attention, relative positions), an unknown activation, or a missing field.
   """
   model_type = hf_config.get("model_type", "bert")
+  if model_type == hf_modernbert.MODEL_TYPE:
+    return hf_modernbert.to_bert_config(hf_config)
   if model_type != "bert":
-    raise UserError(f"config.json has model_type={model_type!r}; only 'bert' checkpoints convert "
-                    "(bertjax has no other architecture).")
+    raise UserError(f"config.json has model_type={model_type!r}; only 'bert' and 'modernbert' "
+                    "checkpoints convert (bertjax has no other architecture).")
   for key, bad in (("is_decoder", True), ("add_cross_attention", True)):
     if hf_config.get(key, False) == bad:
       raise UserError(f"config.json sets {key}={bad}; bertjax has only the bidirectional "
@@ -64,9 +70,11 @@ def hf_config_to_bert_config(hf_config: dict[str, Any]) -> BertConfig:
 
 
 def hf_task(hf_config: dict[str, Any]) -> tuple[str | None, int]:
-  """(the architecture in TASK_HEADS that config.json's `architectures` names, or None;
-  its number of labels: len(id2label), else num_labels, else 2)."""
-  tasks = [a for a in hf_config.get("architectures") or () if a in TASK_HEADS]
+  """(the task architecture (of the task heads of config.json's model_type's table) that
+  config.json's `architectures` names, or None; its number of labels: len(id2label), else
+  num_labels, else 2)."""
+  table = hf_rules.TABLES.get(hf_config.get("model_type", "bert"), hf_rules.BERT)
+  tasks = [a for a in hf_config.get("architectures") or () if a in table.task_heads]
   if len(tasks) > 1:
     raise UserError(f"config.json names several task architectures {tasks}; keep the one these "
                     "weights belong to.")
@@ -77,14 +85,21 @@ def hf_task(hf_config: dict[str, Any]) -> tuple[str | None, int]:
 
 def bert_config_to_hf_config(config: BertConfig,
                              architectures: Iterable[str] = ("BertForPreTraining",),
-                             num_labels: int | None = None) -> dict[str, Any]:
-  """bertjax BertConfig -> a transformers BertConfig dict (what config.json holds).
+                             num_labels: int | None = None,
+                             token_ids: dict[str, int | None] | None = None) -> dict[str, Any]:
+  """bertjax BertConfig -> a transformers BertConfig dict (what config.json holds), or a
+  ModernBertConfig dict for a ModernBERT (`hf_modernbert.to_hf_config`; `token_ids`, its
+  special token ids, default to `hf_modernbert.special_token_ids` of no tokenizer).
 
   `num_labels`, for a task head, is written as generic `id2label` / `label2id`.
   """
   labels = {} if num_labels is None else {
       "id2label": {str(i): f"LABEL_{i}" for i in range(num_labels)},
       "label2id": {f"LABEL_{i}": i for i in range(num_labels)}}
+  if config.is_modernbert:
+    if token_ids is None:
+      token_ids = hf_modernbert.special_token_ids(None, config.vocab_size)
+    return hf_modernbert.to_hf_config(config, architectures, labels, token_ids)
   return {**labels,
       "architectures": list(architectures),
       "model_type": "bert",
