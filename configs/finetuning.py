@@ -24,6 +24,8 @@ def get_config(arg=None):
   config.model.remat = "none"  # recompute activations in the backward pass: none, full, dots
   config.model.dropout_rate = 0.1  # embeddings, residual branches and the task's head
   config.model.attention_dropout_rate = 0.1  # attention probabilities
+  config.model.pooling = ""  # ModernBERT: what sequence-level heads read, cls or mean ("" =
+  # the pretrained model's); BERT always pools [CLS]
   config.model.bilstm_on_top = False  # the paper's "+ BiLSTM" (Table 5): a fresh one-layer
   # BiLSTM (hidden_size / 2 units a direction) between the encoder and any task's head; pooled
   # heads read its two final states instead of the pooler; no data.packing with it

@@ -27,7 +27,7 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 from bertjax import model_files, tokenization
 from bertjax.data import sources
 from bertjax.models import heads
-from bertjax.models.config import BertConfig
+from bertjax.models.config import BertConfig, bert_config
 
 
 def write_chapters(directory, num_documents: int, vocab_size: int = 600) -> tuple[str, str]:
@@ -65,20 +65,26 @@ def tree_digest(path) -> str:
   return digest.hexdigest()
 
 
-def save_random_bert(directory, vocab: list[str], max_position_embeddings: int = 64) -> str:
+def save_random_bert(directory, vocab: list[str], max_position_embeddings: int = 64,
+                     architecture: str = "bert") -> str:
   """A random (untrained) small BERT (L2 H64 A2, 64 positions unless told) with WordPiece
   vocabulary `vocab`, saved as a bertjax checkpoint directory (DIRECTORY/bert, with
   bert_config.json and vocab.txt), the form `--config.init_checkpoint` takes. Returns its
-  path."""
+  path. architecture="modernbert": a ModernBERT (L4 H64 A2, GeGLU 96, layers 0 and 3 global,
+  1 and 2 local with a window of 8 tokens) instead, as its pretraining saves it (no NSP)."""
   os.makedirs(directory, exist_ok=True)
   vocab_file = os.path.join(directory, "vocab.txt")
   with open(vocab_file, "w", encoding="utf-8") as f:
     f.write("".join(t + "\n" for t in vocab))
   config = BertConfig(vocab_size=len(vocab), hidden_size=64, num_layers=2, num_heads=2,
                       intermediate_size=128, max_position_embeddings=max_position_embeddings)
+  if architecture == "modernbert":
+    config = bert_config("tiny", "modernbert", vocab_size=len(vocab), hidden_size=64,
+                         num_layers=4, num_heads=2, intermediate_size=96, local_attention=8,
+                         max_position_embeddings=max_position_embeddings)
   ids = np.zeros((1, 4), np.int32)
-  params = heads.BertForPreTraining(config).init(jax.random.PRNGKey(0), ids, ids, ids,
-                                                 deterministic=True)["params"]
+  params = heads.BertForPreTraining(config, next_sentence=not config.is_modernbert).init(
+      jax.random.PRNGKey(0), ids, ids, ids, deterministic=True)["params"]
   out = os.path.join(directory, "bert")
   model_files.save_model_dir(out, jax.tree.map(np.asarray, nn.unbox(params)), config,
                              [vocab_file])

@@ -1,6 +1,7 @@
 """Tests of bertjax.tools.accelerator_report (and bertjax.tools.init_compile): README's CPU
 command run as written (rows run, a failed row listed, JSON written), the budget (rows skipped,
 a row stopped), row labels, offline wheels, an uninstalled checkout."""
+import argparse
 import json
 import os
 import re
@@ -122,8 +123,16 @@ def test_row_labels():
       "base128-reference-b128", "base", 128, attention="reference", batch_size=128)
   assert report.parse_row("unrolled_init-base128") == report.Row(
       "unrolled_init-base128", "base", 128)
+  modern = report.parse_row("modernbase8192-fused-b1")
+  assert modern == report.Row("modernbase8192-fused-b1", "base", 8192, attention="fused",
+                              architecture="modernbert", batch_size=1)
+  command = report.row_command(modern, "gpu", argparse.Namespace(
+      dtype="bfloat16", steps=5, warmup=2, smoke=False), "out.json")
+  assert {"--architecture=modernbert", "--attention=cudnn", "--max_predictions=2457",
+          "--vocab_size=50368"} <= set(command)
   # The names the labels take are bertjax's.
   assert set(report.SIZES) == set(model_config.SIZES)
+  assert set(report.MODERNBERT_SIZES) == set(model_config.MODERNBERT_SIZES)
   assert set(report.ATTENTIONS) - {"fused"} == set(model_config.ATTENTIONS) - {"auto"}
   assert set(report.FUSED.values()) < set(model_config.FUSED_ATTENTIONS)
   assert set(report.REMATS) | {"none"} == set(model_config.REMATS)
@@ -132,6 +141,7 @@ def test_row_labels():
 
 @pytest.mark.parametrize("label, message", [
     ("huge128-fused-b32", "no MODELSEQ"),
+    ("modernmini128-fused-b32", "no MODELSEQ"),
     ("base128-flash-b32", "write MODELSEQ-ATTENTION"),
     ("base128-fused-32", "write MODELSEQ-ATTENTION"),
     ("base128-fused-b0", "write MODELSEQ-ATTENTION"),

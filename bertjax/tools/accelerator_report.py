@@ -8,7 +8,8 @@ seq 128 and BERT-large at seq 512.
 
 Rows. A label says what a row runs: MODELSEQ-ATTENTION-bBATCH[-packK][-REMAT][-PRNG], e.g.
 `base128-fused-b128-pack2-dots-unsafe_rbg`: BERT-base at 128 tokens (max_predictions seq * 5 /
-32: 20 at 128, 80 at 512), the attention path (`fused` is the platform's kernel: cudnn on a GPU,
+32: 20 at 128, 80 at 512; `modernbase1024` is ModernBERT-base at 1,024, masked LM alone, 30% of
+the tokens predicted, vocabulary 50,368), the attention path (`fused` is the platform's kernel: cudnn on a GPU,
 splash on a TPU, xla elsewhere; `reference` keeps the paper's attention dropout), the batch, K
 sequences packed a row, remat full or dots, and train.prng_impl rbg or unsafe_rbg (threefry
 otherwise). Each is one `python -m bertjax.tools.bench --peers=bertjax` process (the benchmark's
@@ -67,6 +68,7 @@ DEFAULT_ROWS = (
     "large512-reference-b32-full", "base128-fused-b32", "base128-fused-b128-rbg",
     "unrolled_init-base128")
 SIZES = ("tiny", "mini", "small", "medium", "base", "large")  # bertjax.models.config.SIZES
+MODERNBERT_SIZES = ("tiny", "base", "large")  # bertjax.models.config.MODERNBERT_SIZES
 ATTENTIONS = ("fused", "reference", "xla", "cudnn", "splash")
 FUSED = {"gpu": "cudnn", "tpu": "splash"}  # the platform's fused kernel; xla elsewhere
 REMATS = ("full", "dots")  # model.remat other than none
@@ -92,6 +94,7 @@ class Row:
   size: str
   seq_len: int
   attention: str = ""  # "" for an unrolled_init row
+  architecture: str = "bert"  # "modernbert" for a MODELSEQ written modernSIZESEQ
   batch_size: int = 0
   packing: int = 0
   remat: str = "none"
@@ -105,12 +108,13 @@ def parse_row(label: str) -> Row:
          f"of {', '.join(PRNGS)}) or unrolled_init-MODELSEQ, MODEL of {', '.join(SIZES)}.")
   parts = label.split("-")
   init = parts[0] == "unrolled_init"
-  model = re.fullmatch(r"([a-z]+)(\d+)", parts[init] if len(parts) > init else "")
-  if not model or model[1] not in SIZES:
+  model = re.fullmatch(r"(modern)?([a-z]+)(\d+)", parts[init] if len(parts) > init else "")
+  if not model or model[2] not in (MODERNBERT_SIZES if model[1] else SIZES):
     raise UserError(f"row {label!r}: no MODELSEQ such as base128; {how}")
-  size, seq_len = model[1], int(model[2])
+  size, seq_len = model[2], int(model[3])
+  architecture = "modernbert" if model[1] else "bert"
   if init:
-    if len(parts) != 2:
+    if len(parts) != 2 or model[1]:
       raise UserError(f"row {label!r}: {how}")
     return Row(label, size, seq_len)
   if (len(parts) < 3 or parts[1] not in ATTENTIONS or not re.fullmatch(r"b\d+", parts[2])
@@ -127,7 +131,7 @@ def parse_row(label: str) -> Row:
     else:
       raise UserError(f"row {label!r}: {part!r} is not packK, a remat or a prng (once each); "
                       f"{how}")
-  return Row(label, size, seq_len, **options)
+  return Row(label, size, seq_len, architecture=architecture, **options)
 
 
 def smoke(row: Row) -> Row:
@@ -142,12 +146,15 @@ def row_command(row: Row, platform: str, args: argparse.Namespace, out: str) -> 
     return [sys.executable, "-m", "bertjax.tools.init_compile", f"--size={row.size}",
             f"--seq_len={row.seq_len}", "--unrolled", f"--json={out}"]
   attention = FUSED.get(platform, "xla") if row.attention == "fused" else row.attention
+  modern = row.architecture == "modernbert"  # ModernBERT masks 30%; its vocabulary is 50,368
+  predictions = row.seq_len * 3 // 10 if modern else row.seq_len * 5 // 32
   return [sys.executable, "-m", "bertjax.tools.bench", "--peers=bertjax", f"--size={row.size}",
           f"--batch_size={row.batch_size}", f"--seq_len={row.seq_len}",
-          f"--max_predictions={max(1, row.seq_len * 5 // 32)}", f"--dtype={args.dtype}",
+          f"--max_predictions={max(1, predictions)}", f"--dtype={args.dtype}",
           f"--steps={args.steps}", f"--warmup={args.warmup}", f"--attention={attention}",
           f"--packing={row.packing}", f"--remat={row.remat}", f"--prng={row.prng}",
-          f"--vocab_size={128 if args.smoke else 30522}", f"--json={out}"]
+          f"--architecture={row.architecture}",
+          f"--vocab_size={128 if args.smoke else 50368 if modern else 30522}", f"--json={out}"]
 
 
 def run_process(command: Sequence[str], env: dict[str, str], limit_s: float,
