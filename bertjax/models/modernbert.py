@@ -25,7 +25,7 @@ F = intermediate_size; logical axes in parentheses:
       attention/{query,key,value}/kernel [H, H]   ('embed', 'heads')
       attention/output/kernel          [H, H]     ('heads', 'embed')
       feed_forward_layer_norm/scale    [H]        ('embed',)
-      feed_forward/intermediate/kernel [H, 2, F]  ('embed', None, 'mlp'): [:, 0] the GELU
+      feed_forward/intermediate        [H, 2, F]  ('embed', None, 'mlp'): [:, 0] the GELU
                                                   input, [:, 1] the gate
       feed_forward/output/kernel       [F, H]     ('mlp', 'embed')
   final_layer_norm/scale               [H]        ('embed',)
