@@ -73,10 +73,10 @@ def _run(model_name, path, **changes):
     return step(_params(model_name), batches)
   with cudnn_run_by_xla() as seen:
     results = step(_params(model_name), batches)
-  # unpacked: lengths in global layers, the band as a mask in local ones; packed: masks
-  unpacked = [["mask"] if CONFIG.window(i) else ["key_value_seq_lengths"]
-              for i in range(CONFIG.num_layers)]
-  assert seen == unpacked + [["mask"]] * CONFIG.num_layers
+  # the global layers only (lengths unpacked, the mask packed): the local ones run blocks in XLA
+  global_layers = [i for i in range(CONFIG.num_layers) if CONFIG.window(i) is None]
+  assert seen == [["key_value_seq_lengths"]] * len(global_layers) + [["mask"]] * len(
+      global_layers)
   return results
 
 
@@ -103,6 +103,35 @@ def test_paths_and_packing_with_the_window_equal_the_reference(model_name):
       else:
         assert_close(packed_outputs[0][row, slot], expected[0][example], 1e-5, path)
     _assert_trees_close(packed_grads, expected_grads, 1e-5)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_local_attention_by_blocks_equals_the_dense_band(packed):
+  """attention.local_attention (what 'xla' and 'cudnn' run in a local layer) equals softmax
+  attention under the dense banded mask at every real token, and so do its gradients: padded
+  rows, and packed rows whose sequences start mid-block."""
+  shape, window = (2, 64, 2, 8), 4
+  q, k, v = (jax.random.normal(jax.random.key(i), shape) for i in range(3))
+  ids = np.zeros(shape[:2], np.int32)
+  if packed:
+    ids[0, :13], ids[0, 13:50], ids[1, :7], ids[1, 7:61] = 1, 2, 1, 2
+  else:
+    ids[0, :45], ids[1, :64] = 1, 1
+  mask = attention.AttentionMask(jnp.asarray(ids > 0, jnp.int32),
+                                 jnp.asarray(ids) if packed else None)
+  assert attention.local_blocks(64, window) == window
+  real = ids > 0
+  weights = jax.random.normal(jax.random.key(9), shape) * real[:, :, None, None]
+
+  def outputs_and_grads(attend):
+    out, vjp = jax.vjp(attend, q, k, v)
+    return out, vjp(weights)
+
+  (out, grads), (expected, expected_grads) = jit(lambda: (
+      outputs_and_grads(lambda q, k, v: attention.local_attention(q, k, v, mask, window)),
+      outputs_and_grads(lambda q, k, v: _banded_reference(q, k, v, mask, window))))()
+  assert_close(np.asarray(out)[real], np.asarray(expected)[real], 1e-5)
+  _assert_trees_close(grads, expected_grads, 1e-5)
 
 
 def test_the_window_and_the_rotary_base_matter():

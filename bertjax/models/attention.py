@@ -15,6 +15,12 @@ A causal model (`BertConfig.causal`, the paper's left-to-right ablation) hides l
 every path: the dense mask is lower-triangular, cuDNN unpacked gets is_causal, splash its
 CausalMask (tests/test_ablations_causal.py).
 
+A local layer (ModernBERT's sliding window, `BertConfig.window`) attends only keys within the
+window, on every path: 'reference' by the dense banded mask, splash by its LocalMask, and
+'xla' and 'cudnn' block by block in XLA (`local_attention`: each block of queries against its
+own and the two neighbouring blocks of keys, O(seq x window)); cuDNN's window is one-sided, so
+where the blocks do not fit (`local_blocks`) it reads the band as a mask.
+
 Who may attend to whom is an `AttentionMask`: the batch's input_mask, and for a packed batch
 (Krell et al. 2021: several sequences share a row) its sequence_ids, by which attention is
 block-diagonal on every path; each path takes it in the form it honours (a dense boolean mask,
@@ -245,6 +251,66 @@ def reference_attention(query: jax.Array, key: jax.Array, value: jax.Array, mask
   return jnp.einsum("bhqk,bkhd->bqhd", probs.astype(config.compute_dtype), value)
 
 
+def local_blocks(seq: int, window: int) -> int:
+  """The block length `local_attention` splits a sequence into (the window itself, so a
+  query's keys lie in its own block and the two beside it), or 0 where it does not pay or fit:
+  a sequence of at most 4 blocks, or one the blocks do not divide."""
+  return window if window >= 1 and seq % window == 0 and seq > 4 * window else 0
+
+
+def local_attention(query: jax.Array, key: jax.Array, value: jax.Array, mask: AttentionMask,
+                    window: int) -> jax.Array:
+  """Attention within a window of `window` keys a side, computed block by block: each block
+  of `window` queries scores only its own block of keys and the two beside it ([3 window]
+  keys, not seq), so a local layer costs O(seq window), not O(seq^2). The same outputs as
+  dense attention under `AttentionMask.dense(window=window)` (float32 scores and softmax,
+  in plain XLA, which partitions it itself): keys of the query's own sequence (packed) or
+  real keys (unpacked), and itself.
+
+  Args:
+    query, key, value: [batch, seq, heads, head_dim]; seq a multiple of window
+      (`local_blocks`).
+    mask: the batch's AttentionMask.
+    window: the keys' distance at most.
+  Returns:
+    [batch, seq, heads, head_dim] in the query's dtype.
+  """
+  batch, seq, heads, head_dim = query.shape
+  n = seq // window
+
+  def neighbours(x: jax.Array) -> jax.Array:
+    """[batch, seq, ...] -> [batch, n, 3 window, ...]: each block's previous, own and next
+    block of keys (zeros beyond the ends)."""
+    blocks = x.reshape(x.shape[0], n, window, *x.shape[2:])
+    edge = jnp.zeros_like(blocks[:, :1])
+    return jnp.concatenate([jnp.concatenate([edge, blocks[:, :-1]], 1), blocks,
+                            jnp.concatenate([blocks[:, 1:], edge], 1)], 2)
+
+  positions = jnp.arange(seq, dtype=jnp.int32)[None]  # [1, seq]
+  query_positions = positions.reshape(1, n, window)  # [1, n, window]
+  # Keys beyond the ends get position -2 seq, out of every window.
+  key_positions = neighbours(positions + 2 * seq) - 2 * seq  # [1, n, 3 window]
+  ids = mask.segment_ids() if mask.sequence_ids is not None else mask.input_mask.astype(
+      jnp.int32)
+  key_ids = neighbours(ids)  # [batch, n, 3 window]
+  query_ids = ids.reshape(batch, n, window)
+  near = jnp.abs(query_positions[..., :, None] - key_positions[..., None, :]) <= window
+  if mask.sequence_ids is not None:
+    same = query_ids[..., :, None] == key_ids[..., None, :]  # packed: own sequence
+  else:
+    same = key_ids[..., None, :] > 0  # unpacked: real keys
+  itself = query_positions[..., :, None] == key_positions[..., None, :]
+  allowed = (near & same) | itself  # [batch, n, window, 3 window]
+  # [b, n, q, h, d] x [b, n, k, h, d] -> [b, n, h, q, k], float32
+  scores = jnp.einsum("bnqhd,bnkhd->bnhqk", query.reshape(batch, n, window, heads, head_dim),
+                      neighbours(key), preferred_element_type=jnp.float32)
+  scores = scores * (1.0 / math.sqrt(head_dim))
+  scores = jnp.where(allowed[:, :, None], scores, jnp.finfo(jnp.float32).min)
+  probs = jax.nn.softmax(scores, axis=-1).astype(query.dtype)
+  out = jnp.einsum("bnhqk,bnkhd->bnqhd", probs, neighbours(value))
+  return out.reshape(batch, seq, heads, head_dim)
+
+
 def attend(query: jax.Array, key: jax.Array, value: jax.Array, mask: AttentionMask,
            config: BertConfig, *, dropout: Callable[[jax.Array], jax.Array],
            window: int | None = None) -> jax.Array:
@@ -271,6 +337,10 @@ def attend(query: jax.Array, key: jax.Array, value: jax.Array, mask: AttentionMa
   if implementation == "splash":
     return per_shard(functools.partial(splash_attention, causal=config.causal, window=window),
                      query, key, value, mask)
+  if window is not None and not config.causal and local_blocks(query.shape[1], window):
+    # A local layer on 'xla' or 'cudnn': block by block in XLA (cuDNN's window is one-sided,
+    # and a dense band would cost every global layer's work).
+    return local_attention(query, key, value, mask, window)
 
   def dot_product_attention(query, key, value, mask):  # [batch, seq, heads, head_dim] in and out
     return jax.nn.dot_product_attention(
