@@ -127,9 +127,10 @@ def test_local_attention_by_blocks_equals_the_dense_band(packed):
     out, vjp = jax.vjp(attend, q, k, v)
     return out, vjp(weights)
 
-  (out, grads), (expected, expected_grads) = jit(lambda: (
-      outputs_and_grads(lambda q, k, v: attention.local_attention(q, k, v, mask, window)),
-      outputs_and_grads(lambda q, k, v: _banded_reference(q, k, v, mask, window))))()
+  with jax.default_matmul_precision("highest"):  # a GPU's default, TF32, is not 1e-5
+    (out, grads), (expected, expected_grads) = jit(lambda: (
+        outputs_and_grads(lambda q, k, v: attention.local_attention(q, k, v, mask, window)),
+        outputs_and_grads(lambda q, k, v: _banded_reference(q, k, v, mask, window))))()
   assert_close(np.asarray(out)[real], np.asarray(expected)[real], 1e-5)
   _assert_trees_close(grads, expected_grads, 1e-5)
 
