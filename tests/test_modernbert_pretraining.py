@@ -4,6 +4,9 @@ context extension (a long phase with its own global rotary base, evaluated at it
 the model files of the model the run ends with); the config's refusals."""
 import json
 import os
+import shlex
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -15,6 +18,7 @@ from bertjax.models import heads
 from bertjax.tasks import pretraining, pretraining_config
 
 from test_pretraining import _metrics, _run
+from test_readme import ROOT, _section_commands, text_dir  # noqa: F401  (the fixture)
 
 SHORT = ["--config.data.max_seq_length=32", "--config.data.max_predictions_per_seq=10",
          "--config.model.local_attention=8", "--config.data.eval_fraction=0.1",
@@ -125,3 +129,25 @@ def test_paper_recipes_build():
     assert config.data.masked_lm_prob == 0.3 and config.train.lr_schedule == "wsd"
   with pytest.raises(UserError, match="takes no argument, base or large"):
     modernbert_configs.get_config("huge")
+
+
+def test_readme_modernbert_commands_run_as_written(text_dir):
+  """The README's "ModernBERT" commands, as written, in a directory holding text/*.txt: the
+  pretraining with its context extension, then the conversion to a Hugging Face ModernBERT that
+  transformers loads with no weight missing."""
+  commands = _section_commands("ModernBERT")
+  assert len(commands) == 2, commands
+  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+  for command in commands:
+    out = subprocess.run([sys.executable, *shlex.split(command)[1:]], cwd=text_dir, env=env,
+                         capture_output=True, text=True, timeout=600, check=False)
+    assert out.returncode == 0, (command, out.stderr[-3000:])
+  with open(text_dir / "run_modernbert" / "bert_config.json") as f:
+    assert json.load(f)["rope_theta_global"] == 160_000.0  # the base it ends with
+  evals = [r for r in _metrics(str(text_dir / "run_modernbert")) if "mlm_perplexity" in r]
+  assert len(evals) == 2  # step 10 at 64 tokens, step 20 at 256
+  import transformers  # pylint: disable=import-outside-toplevel
+  model, info = transformers.ModernBertForMaskedLM.from_pretrained(
+      text_dir / "run_modernbert_hf", output_loading_info=True)
+  assert not info["missing_keys"] and not info["unexpected_keys"], info
+  assert model.config.rope_parameters["full_attention"]["rope_theta"] == 160_000.0
