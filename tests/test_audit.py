@@ -18,10 +18,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NUM_LAYERS = 2  # configs/tiny.py
 
 
-def _audit(tmp_path, *mesh_flags):
+def _audit(tmp_path, *mesh_flags, config="configs/tiny.py"):
   out = tmp_path / "audit.json"
   result = subprocess.run(
-      [sys.executable, "-m", "bertjax.tools.audit", "--config=configs/tiny.py", "--devices=8",
+      [sys.executable, "-m", "bertjax.tools.audit", f"--config={config}", "--devices=8",
        "--config.model.dropout_rate=0.1", "--config.model.attention_dropout_rate=0.1",
        "--config.model.dtype=bfloat16", *mesh_flags, f"--json={out}"],
       cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True, text=True,
@@ -93,6 +93,33 @@ def test_tensor_parallelism_moves_two_activation_reductions_a_layer(tmp_path):
           <= 2 * NUM_LAYERS * eval_hidden * 1.1)
   assert (4 * NUM_LAYERS * train_hidden <= _bytes(train, "all-reduce", ["tensor"])
           <= 8 * NUM_LAYERS * train_hidden)
+
+
+def test_modernbert_communicates_what_bert_does(tmp_path):
+  """configs/modernbert.py (6 layers: rotary embeddings, local windows by blocks, GeGLU) holds
+  BERT's contracts: data parallel, the gradients' all-reduce and scalars; FSDP, the parameters
+  gathered about once and the gradients reduce-scattered; tensor x data, two float32
+  [batch / data, seq, hidden] residual-stream reductions a layer in the eval step."""
+  layers = 6  # MODERNBERT_SIZES["tiny"]
+  flags = ("--config.model.attention_dropout_rate=0.0",)
+  dp = _audit(tmp_path, *flags, config="configs/modernbert.py")
+  params = dp["parameter_bytes"]
+  assert _kinds(dp["train"]) == {("all-reduce", ("data",))}
+  assert params <= _bytes(dp["train"], "all-reduce") <= 1.7 * params
+  fsdp = _audit(tmp_path, *flags, "--config.mesh.fsdp=8", config="configs/modernbert.py")
+  assert {axes for _, axes in _kinds(fsdp["train"])} == {("fsdp",)}
+  assert 0.9 * params <= _bytes(fsdp["train"], "all-gather") <= 2.1 * params
+  assert 0.9 * params <= _bytes(fsdp["train"], "all-reduce-scatter") <= 1.7 * params
+  assert _bytes(fsdp["train"], "all-reduce") < 0.01 * params
+  tp = _audit(tmp_path, *flags, "--config.mesh.tensor=2", config="configs/modernbert.py")
+  kinds = {kind for kind, _ in _kinds(tp["train"]) | _kinds(tp["eval"])}
+  assert not kinds & {"all-to-all", "collective-permute"}
+  eval_hidden = 128 // 4 * 128 * 128 * 4
+  count = sum(row["count"] for row in tp["eval"]["collectives"]
+              if row["kind"] == "all-reduce" and row["axes"] == ["tensor"])
+  assert 2 * layers <= count <= 2 * layers + 2
+  assert (2 * layers * eval_hidden <= _bytes(tp["eval"], "all-reduce", ["tensor"])
+          <= 2 * layers * eval_hidden * 1.1)
 
 
 def test_a_bad_flag_is_one_line(tmp_path):
