@@ -45,6 +45,7 @@ def test_the_demo_runs_the_ablations_and_fine_tunings_and_reports_them(tmp_path,
             "finetune_no_nsp": [(100, 0.55), (200, 0.65)],
             "finetune_ltr": [(100, 0.5), (200, 0.52)],
             "finetune_ltr_bilstm": [(100, 0.51), (200, 0.56)],
+            "finetune_modernbert": [(100, 0.52), (200, 0.6)],
             "finetune_random": [(100, 0.5), (200, 0.58), (300, 0.57)]}
   commands = []
 
@@ -63,6 +64,11 @@ def test_the_demo_runs_the_ablations_and_fine_tunings_and_reports_them(tmp_path,
   assert pretrain[1][-1] == "--config.pretraining.nsp=false"
   assert pretrain[2][-1] == "--config.pretraining.objective=ltr"
   assert all("--config.train.num_train_steps=20" in c for c in pretrain)
+  [modern] = [c for c in commands if "--config=configs/modernbert.py" in c]
+  assert modern[1] == f"--workdir={demo}/pretrain_modernbert"
+  assert "--config.train.decay_steps=4" in modern  # the last fifth
+  assert (f"--config.init_checkpoint={demo}/pretrain_modernbert"
+          in [c for c in commands if "--config=configs/glue.py" in c][-2])
   finetune = {c[2].split("/")[-1]: c for c in commands if "--config=configs/glue.py" in c}
   assert sorted(finetune) == sorted(curves)
   assert f"--config.init_checkpoint={demo}/random_init" in finetune["finetune_random"]

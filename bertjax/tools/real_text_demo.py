@@ -12,6 +12,8 @@ it runs) in DIR:
 2. three pretrainings of the tiny BERT (`configs/tiny.py`) on the bundled corpus, the paper's
    ablations of section 5.1 at demo scale: MLM + NSP (DIR/pretrain_full), MLM alone on
    contiguous text (No NSP, DIR/pretrain_no_nsp) and a left-to-right LM (LTR, DIR/pretrain_ltr);
+   and the tiny ModernBERT (`configs/modernbert.py`: MLM alone, 30% masked; its decay over the
+   last fifth of the steps) in DIR/pretrain_modernbert;
 3. a randomly initialised model of the same shape and vocabulary (DIR/random_init);
 4. the same fine-tuning (`configs/glue.py`, task sst2) from each of those, and from the LTR model
    with a randomly initialised BiLSTM on top (`model.bilstm_on_top`, Table 5's last row), in
@@ -52,12 +54,14 @@ class Pretraining:
   name: str
   label: str
   flags: tuple[str, ...]
+  config: str = "configs/tiny.py"
 
 
 PRETRAININGS = (
     Pretraining("full", "MLM + NSP (BERT)", ()),
     Pretraining("no_nsp", "No NSP", ("--config.pretraining.nsp=false",)),
     Pretraining("ltr", "LTR & No NSP", ("--config.pretraining.objective=ltr",)),
+    Pretraining("modernbert", "ModernBERT", (), config="configs/modernbert.py"),
 )
 
 
@@ -76,6 +80,7 @@ FINE_TUNINGS = (
     FineTuning("ltr", "LTR & No NSP", "ltr"),
     FineTuning("ltr_bilstm", "LTR & No NSP + BiLSTM", "ltr",
                ("--config.model.bilstm_on_top=true",)),
+    FineTuning("modernbert", "ModernBERT (MLM alone)", "modernbert"),
     FineTuning("random", "no pretraining (random init)", "random"),
 )
 
@@ -159,9 +164,12 @@ def run(args: argparse.Namespace) -> dict[str, dict]:
   if not os.path.exists(os.path.join(glue_dir, "SST-2", "dev.tsv")):
     movie_reviews.write_sst2(glue_dir, num_dev=args.num_dev, num_train=args.num_train)
   for p in PRETRAININGS:
-    run_command(["--config=configs/tiny.py", f"--workdir={directory}/pretrain_{p.name}",
+    decay = ([f"--config.train.decay_steps={args.pretrain_steps // 5}"]
+             if p.config == "configs/modernbert.py" else [])  # warmup-stable-decay
+    run_command([f"--config={p.config}", f"--workdir={directory}/pretrain_{p.name}",
                  f"--config.train.num_train_steps={args.pretrain_steps}",
-                 f"--config.train.warmup_steps={max(1, args.pretrain_steps // 10)}", *p.flags])
+                 f"--config.train.warmup_steps={max(1, args.pretrain_steps // 10)}", *decay,
+                 *p.flags])
   make_random_init(os.path.join(directory, "pretrain_full"),
                    os.path.join(directory, "random_init"))
   results = {}
