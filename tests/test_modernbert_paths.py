@@ -235,3 +235,33 @@ def test_mean_pooling_reads_only_each_sequences_real_tokens():
   sequence_ids = jnp.array([[1, 1, 2, 0], [1, 2, 2, 2]])
   packed = modernbert.pool(x, input_mask, "mean", sequence_ids, jnp.array([[0, 2], [0, 1]]))
   np.testing.assert_allclose(packed[..., 0], [[0.5, 2.0], [4.0, 6.0]])
+
+
+def test_the_model_on_splash_with_a_local_mask_equals_the_reference():
+  """The whole ModernBERT by the splash path (its kernel in the Pallas interpreter, with a
+  LocalMask in the local layers) on packed rows of 128 tokens: the reference path's MLM logits
+  and gradients."""
+  from unittest import mock  # pylint: disable=import-outside-toplevel
+  from bertjax.tools import bench  # pylint: disable=import-outside-toplevel
+  batch = bench.make_batch(CONFIG.vocab_size, batch_size=2, seq_len=128, max_predictions=6,
+                           packing=2)
+  batch["input_mask"][1, 100:] = 0  # and padding after the second row's sequences
+  batch["sequence_ids"][1, 100:] = 0
+  params = _params("pretraining")
+
+  def outputs_and_grads(path):
+    model = heads.BertForPreTraining(dataclasses.replace(CONFIG, attention=path),
+                                     next_sentence=False)
+
+    def loss(params):
+      outputs = heads.apply_to_batch(model, params, batch, deterministic=True)
+      return mlm_loss(outputs, batch), outputs
+    return jax.grad(loss, has_aux=True)(params)[::-1]
+
+  kernel = functools.partial(attention.splash_attention, interpret=True)
+  with mock.patch.object(attention, "resolve_attention", lambda *a, **k: "splash"), \
+       mock.patch.object(attention, "splash_attention", kernel):
+    outputs, grads = jit(lambda: outputs_and_grads("splash"))()
+  expected, expected_grads = jit(lambda: outputs_and_grads("reference"))()
+  _assert_trees_close(_real(outputs), _real(expected), 1e-5)
+  _assert_trees_close(grads, expected_grads, 1e-5)
