@@ -115,3 +115,41 @@ def test_encode_single_and_pair_exact():
   assert ids == [2, 11, 12, 3] and segments == [0, 0, 0, 0]
   ids, segments = features.encode(Tok(), "a bb", "ccc dddd eeeee", 7)
   assert ids == [2, 11, 12, 3, 13, 14, 3] and segments == [0, 0, 0, 0, 1, 1, 1]
+
+
+def test_modernbert_features_equal_transformers_hidden_states(tmp_path):
+  """A random transformers ModernBertModel (4 layers, two of them local with a window of 4
+  tokens a side), converted: its layers' outputs (the last after the final norm, as
+  transformers gives it) at every token."""
+  documents = sources.read_text_files(sources.BUNDLED_CORPUS)[:20]
+  vocab = str(tmp_path / "vocab.model")
+  tok = tokenization.load_or_train_sentencepiece(
+      lambda: (s for doc in documents for s in doc), vocab, 300)
+  torch.manual_seed(0)
+  hf_config = transformers.ModernBertConfig(
+      vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=4, num_attention_heads=2,
+      intermediate_size=48, local_attention=8, max_position_embeddings=64,
+      initializer_range=0.2, pad_token_id=tok.pad_id, cls_token_id=tok.cls_id,
+      sep_token_id=tok.sep_id, bos_token_id=tok.cls_id, eos_token_id=tok.sep_id,
+      attn_implementation="eager")
+  model = transformers.ModernBertModel(hf_config).eval()
+  model.save_pretrained(str(tmp_path / "hf"))
+  shutil.copy(vocab, tmp_path / "hf" / "vocab.model")
+  convert_cli.from_hf_dir(str(tmp_path / "hf"), str(tmp_path / "bertjax"))
+  input_file = tmp_path / "input.txt"
+  input_file.write_text("\n".join(LINES) + "\n")
+  out = _run(tmp_path / "run", f"--config.init_checkpoint={tmp_path / 'bertjax'}",
+             f"--config.input_file={input_file}", "--config.layers=-1,-2,1",
+             "--config.max_seq_length=20", "--config.batch_size=3")
+  assert out.returncode == 0, out.stderr[-3000:]
+  with open(tmp_path / "run" / features.OUTPUT_FILE) as f:
+    records = [json.loads(line) for line in f]
+  for line, record in zip(LINES, records):
+    a, _, b = line.partition(" ||| ")
+    ids, _ = features.encode(tok, a, b or None, 20)
+    with torch.no_grad():
+      hidden = model(torch.tensor([ids]), output_hidden_states=True).hidden_states[1:]
+    for position, feature in enumerate(record["features"]):
+      for layer in feature["layers"]:
+        np.testing.assert_allclose(layer["values"], hidden[layer["index"]][0, position].numpy(),
+                                   atol=1e-5)

@@ -42,7 +42,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bertjax.models import bert, bilstm, heads
+from bertjax.models import bilstm, heads
 from bertjax.models.config import BertConfig
 
 LAYER_COMBINATIONS = ("embeddings", "second_to_last", "last", "weighted_sum_last_four",
@@ -125,7 +125,7 @@ class BertForFeatureBasedTagging(nn.Module):
     """[batch, seq] int32 inputs -> float32 logits [batch, seq, num_labels]."""
     cfg = self.config
     indices = layer_indices(self.feature_layers, cfg.num_layers)
-    out = bert.BertEncoder(cfg, use_pooler=False, name="bert")(
+    out = heads.make_encoder(cfg, use_pooler=False)(
         input_ids, segment_ids, input_mask, deterministic=True, output_hidden_states=True)
     # No gradient flows into the encoder: its backward pass is never computed.
     layers = [jax.lax.stop_gradient(out.hidden_states[i]) for i in indices]

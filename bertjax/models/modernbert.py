@@ -223,7 +223,8 @@ class ModernBertEncoder(nn.Module):
     Returns:
       BertOutput: sequence_output [batch, seq, hidden] (final-normed, or the head's with
       token_head), pooled_output ([batch, hidden], [batch, k, hidden] packed, or None),
-      hidden_states (the embeddings' output, then each layer's, before the final norm).
+      hidden_states (the embeddings' output, then each layer's; the last one final-normed, as
+      transformers' ModernBertModel gives them).
     """
     del segment_ids  # no token types
     cfg = self.config
@@ -236,6 +237,7 @@ class ModernBertEncoder(nn.Module):
                            deterministic=deterministic)
     sequence_output = self.final_layer_norm(outputs[-1]).astype(cfg.compute_dtype)
     sequence_output = constrain(sequence_output, HIDDEN_AXES)
+    hidden_states = (x,) + outputs[:-1] + (sequence_output,)  # the last normed, as transformers
     pooled_output = None
     if self.use_pooler:
       pooled_output = self.head(pool(sequence_output, input_mask, cfg.pooling, sequence_ids,
@@ -244,7 +246,7 @@ class ModernBertEncoder(nn.Module):
       sequence_output = self.head(sequence_output)
     return bert.BertOutput(
         sequence_output=sequence_output, pooled_output=pooled_output,
-        hidden_states=(x,) + outputs if output_hidden_states else None)
+        hidden_states=hidden_states if output_hidden_states else None)
 
   def prediction_head(self, x: jax.Array) -> jax.Array:
     """The head (`PredictionHead`, 'head') on [..., hidden]: the masked LM's transform."""

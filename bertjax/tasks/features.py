@@ -31,7 +31,7 @@ from bertjax import model_files, tokenization
 from bertjax.training import init_params
 from bertjax.data.finetuning.glue import truncated_lengths
 from bertjax.errors import UserError
-from bertjax.models import bert, heads
+from bertjax.models import heads
 
 OUTPUT_FILE = "features.jsonl"
 PAIR_SEPARATOR = " ||| "
@@ -122,7 +122,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> str:
     raise UserError(f"the tokenizer in {model_dir} has {tok.vocab_size} ids but the model "
                     f"{bert_config.vocab_size}; they do not belong together.")
 
-  model = heads.BertForPreTraining(bert_config)
+  model = heads.BertForPreTraining(bert_config, next_sentence=not bert_config.is_modernbert)
   dummy = jnp.zeros((1, 2), jnp.int32)
   target = jax.eval_shape(lambda: nn.unbox(model.init(jax.random.PRNGKey(0), dummy, dummy,
                                                       dummy, deterministic=True))["params"])
@@ -130,11 +130,11 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> str:
   params, report = init_params.load_params(config.init_checkpoint, target,
                                           vocab_size=bert_config.vocab_size)
   lacking = [p for p in report.missing if p.startswith("bert/") and not
-             p.startswith("bert/pooler/")]
+             p.startswith(("bert/pooler/", "bert/head/"))]
   if lacking:
     raise UserError(f"{report.step_dir} lacks encoder parameters ({', '.join(lacking[:4])} ...);"
                     " give a checkpoint of a BERT encoder.")
-  encoder = bert.BertEncoder(bert_config)
+  encoder = heads.make_encoder(bert_config, use_pooler=False)
 
   @jax.jit
   def layer_outputs(encoder_params: Any, batch: dict[str, jax.Array]) -> jax.Array:
