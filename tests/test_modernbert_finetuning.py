@@ -52,3 +52,13 @@ def test_ner_squad_and_swag_run_and_learn(random_bert, tmp_path_factory, conll_d
   swag = tasks.run(test_swag._config(_modernbert(random_bert, tmp_path_factory, test_swag.VOCAB),
                                      swag_dir), str(runs / "swag"))
   assert swag["accuracy"] > 0.5, swag  # 4 endings: chance is 0.25
+
+
+def test_mean_pooling_of_a_bert_model_is_refused(random_bert, tmp_path_factory, glue_dir):
+  from bertjax.errors import UserError  # pylint: disable=import-outside-toplevel
+  from bertjax.tasks import finetuning  # pylint: disable=import-outside-toplevel
+  config = test_glue._config("sst2", random_bert(tmp_path_factory.mktemp("bert"), GLUE_VOCAB),
+                             glue_dir)
+  config.model.pooling = "mean"
+  with pytest.raises(UserError, match="mean pooling is architecture='modernbert''s"):
+    finetuning.load_pretrained(config, "GLUE fine-tuning")

@@ -157,7 +157,7 @@ class BertConfig:
     self._check_modernbert()
 
   def _check_modernbert(self):
-    """The fields only 'modernbert' reads: valid, and at their defaults for 'bert'."""
+    """The fields only 'modernbert' reads are valid; BERT pools [CLS] only."""
     if self.architecture not in ARCHITECTURES:
       raise ValueError(f"BertConfig.architecture={self.architecture!r}; use one of "
                        f"{list(ARCHITECTURES)}.")

@@ -43,6 +43,14 @@ outputs, pooled heads its two final states in place of the pooler (which is then
 `bert/` stays as pretraining saved it. Such a model has no Hugging Face class, and it takes no
 packed batches.
 
+ModernBERT (`BertConfig.architecture='modernbert'`, `bertjax.models.modernbert`): every model
+puts `modernbert.ModernBertEncoder` under 'bert' (`make_encoder`), with transformers'
+ModernBERT heads: no NSP; the masked LM reads the encoder's shared head ('bert/head') before
+the tied decoder and `masked_lm/output_bias` (no `masked_lm/transform` or `layer_norm`);
+sequence-level heads read that head on each sequence's pooled summary ('cls' or 'mean',
+`BertConfig.pooling`), token tagging and spans read it on every token; classifiers are
+initialised with stddev hidden ** -0.5.
+
 Every `BertFor*` model names the batch keys its `__call__` takes in `batch_keys`, so the trainer
 calls any of them on a batch dict the same way (`apply_to_batch`). `BertForPreTraining` and
 `BertForSequenceClassification` also take packed batches (several sequences a row; see
