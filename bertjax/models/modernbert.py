@@ -57,7 +57,7 @@ from bertjax.models.rotary import Rotation, rotation
 
 
 class Embeddings(nn.Module):
-  """Word embeddings, then LayerNorm (no bias) and dropout; no positions, no token types."""
+  """Word embeddings, then LayerNorm (no bias); no positions, no token types, no dropout."""
   config: BertConfig
 
   def setup(self):
