@@ -62,3 +62,15 @@ def test_mean_pooling_of_a_bert_model_is_refused(random_bert, tmp_path_factory, 
   config.model.pooling = "mean"
   with pytest.raises(UserError, match="mean pooling is architecture='modernbert''s"):
     finetuning.load_pretrained(config, "GLUE fine-tuning")
+
+
+def test_the_sweep_runs_on_modernbert(random_bert, tmp_path_factory, glue_dir):
+  """The paper's learning-rate selection (bertjax.tools.sweep) on a ModernBERT model: each
+  rate's run finishes and the best is picked by the task's main metric."""
+  from bertjax.tools import sweep  # pylint: disable=import-outside-toplevel
+  config = test_glue._config("sst2", _modernbert(random_bert, tmp_path_factory, GLUE_VOCAB),
+                             glue_dir, num_train_epochs=1.0)
+  results = sweep.sweep(config, str(tmp_path_factory.mktemp("sweep")), [1e-3, 3e-4], [0])
+  assert [run["finished"] for run in results["runs"]] == [True, True]
+  assert results["main_metric"] == "accuracy"
+  assert results["best"]["score"] == max(run["score"] for run in results["runs"])
