@@ -17,15 +17,8 @@ from bertjax.errors import UserError
 from bertjax.models import heads
 from bertjax.tasks import pretraining, pretraining_config
 
-from test_pretraining import _metrics, _run
+from test_pretraining import _metrics
 from test_readme import ROOT, _section_commands, text_dir  # noqa: F401  (the fixture)
-
-SHORT = ["--config.data.max_seq_length=32", "--config.data.max_predictions_per_seq=10",
-         "--config.model.local_attention=8", "--config.data.eval_fraction=0.1",
-         "--config.train.batch_size=8", "--config.train.eval_batch_size=16",
-         "--config.train.log_every_steps=1", "--config.train.eval_every_steps=3",
-         "--config.train.checkpoint_every_steps=3", "--config.train.eval_steps=2"]
-
 
 def _config(corpus, **data):
   text_file, vocab = corpus
@@ -35,31 +28,6 @@ def _config(corpus, **data):
   config.model.local_attention = 8
   config.train.update(batch_size=4, eval_batch_size=8)
   return config
-
-
-def test_demo_config_pretrains_from_the_command_line(corpus, tmp_path):
-  """configs/modernbert.py runs as README command 1 runs configs/tiny.py: masked LM only (no
-  NSP terms), its rate warms up, holds and decays to 0 (wsd), and the model files say
-  modernbert."""
-  text_file, vocab = corpus
-  flags = [f"--config.data.input_files={text_file}", f"--config.data.vocab_model={vocab}",
-           "--config.train.num_train_steps=9", "--config.train.warmup_steps=3",
-           "--config.train.decay_steps=3", *SHORT]
-  result = _run(str(tmp_path), flags, config="configs/modernbert.py")
-  assert result.returncode == 0, result.stderr[-3000:]
-  rows = _metrics(str(tmp_path))
-  train = [r for r in rows if "learning_rate" in r]
-  rates = [r["learning_rate"] for r in train]
-  peak = 2e-3
-  np.testing.assert_allclose(rates[:3], [0, peak / 3, 2 * peak / 3], rtol=1e-5)
-  np.testing.assert_allclose(rates[3:6], [peak] * 3, rtol=1e-5)  # stable
-  np.testing.assert_allclose(rates[6:], [peak * (1 - np.sqrt(p)) for p in (0, 1 / 3, 2 / 3)],
-                             rtol=1e-5)  # 1-sqrt decay, to 0 after the last step
-  evals = [r for r in rows if "eval/mlm_accuracy" in r or "mlm_perplexity" in str(r)]
-  assert evals and not any("nsp" in key for r in rows for key in r)
-  with open(os.path.join(tmp_path, "bert_config.json")) as f:
-    saved = json.load(f)
-  assert saved["architecture"] == "modernbert" and saved["local_attention"] == 8
 
 
 def test_context_extension_runs_the_long_phase_with_its_own_global_base(corpus, tmp_path):
@@ -86,21 +54,6 @@ def test_context_extension_runs_the_long_phase_with_its_own_global_base(corpus, 
   long_logits, _ = heads.apply_to_batch(long_model, params, served[2], deterministic=True)
   real = np.asarray(short_logits) > -1e30  # the vocabulary, not its padding
   assert np.abs(np.asarray(short_logits - long_logits))[real].max() > 1e-5  # float32 noise: 1e-7
-
-
-def test_context_extension_from_the_command_line(corpus, tmp_path):
-  text_file, vocab = corpus
-  flags = [f"--config.data.input_files={text_file}", f"--config.data.vocab_model={vocab}",
-           "--config.data.long_seq_length=64", "--config.data.long_max_predictions_per_seq=20",
-           "--config.train.long_seq_from_step=3", "--config.model.rope_theta_global=10000",
-           "--config.model.long_rope_theta_global=160000", "--config.train.num_train_steps=6",
-           "--config.train.warmup_steps=1", "--config.train.decay_steps=2", *SHORT]
-  result = _run(str(tmp_path), flags, config="configs/modernbert.py")
-  assert result.returncode == 0, result.stderr[-3000:]
-  evals = [r for r in _metrics(str(tmp_path)) if any("perplexity" in k for k in r)]
-  assert len(evals) == 2
-  with open(os.path.join(tmp_path, "bert_config.json")) as f:
-    assert json.load(f)["rope_theta_global"] == 160_000.0
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -133,8 +86,10 @@ def test_paper_recipes_build():
 
 def test_readme_modernbert_commands_run_as_written(text_dir):
   """The README's "ModernBERT" commands, as written, in a directory holding text/*.txt: the
-  pretraining with its context extension, then the conversion to a Hugging Face ModernBERT that
-  transformers loads with no weight missing."""
+  demo config pretrains the masked LM alone (no NSP term), its rate warms up, holds and decays
+  to 0 with 1-sqrt (wsd), the context extension evaluates at each phase's length and saves the
+  base it ends with; then the conversion to a Hugging Face ModernBERT that transformers loads
+  with no weight missing."""
   commands = _section_commands("ModernBERT")
   assert len(commands) == 2, commands
   env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
@@ -143,9 +98,16 @@ def test_readme_modernbert_commands_run_as_written(text_dir):
                          capture_output=True, text=True, timeout=600, check=False)
     assert out.returncode == 0, (command, out.stderr[-3000:])
   with open(text_dir / "run_modernbert" / "bert_config.json") as f:
-    assert json.load(f)["rope_theta_global"] == 160_000.0  # the base it ends with
-  evals = [r for r in _metrics(str(text_dir / "run_modernbert")) if "mlm_perplexity" in r]
+    saved = json.load(f)
+  assert (saved["architecture"], saved["rope_theta_global"]) == ("modernbert", 160_000.0)
+  rows = _metrics(str(text_dir / "run_modernbert"))
+  evals = [r for r in rows if "mlm_perplexity" in r]
   assert len(evals) == 2  # step 10 at 64 tokens, step 20 at 256
+  assert not any("nsp" in key for r in rows for key in r)
+  rates = [r["learning_rate"] for r in rows if "learning_rate" in r]
+  peak = 2e-3  # warmup 2 steps, stable to step 16, 1-sqrt decay over the last 4
+  np.testing.assert_allclose(rates, [0, peak / 2] + [peak] * 14 + [
+      peak * (1 - np.sqrt(p)) for p in (0, 1 / 4, 2 / 4, 3 / 4)], rtol=1e-5)
   import transformers  # pylint: disable=import-outside-toplevel
   model, info = transformers.ModernBertForMaskedLM.from_pretrained(
       text_dir / "run_modernbert_hf", output_loading_info=True)
