@@ -44,8 +44,8 @@ def test_context_extension_runs_the_long_phase_with_its_own_global_base(corpus, 
   assert long_model.config == task.model.config.__class__(
       **{**vars(task.model.config), "rope_theta_global": 160_000.0})
   # evaluations before the switch read the first phase's length, after it the long one
-  assert next(iter(task.batches.eval_at(1)()))["input_ids"].shape[1] == 32
-  assert next(iter(task.batches.eval_at(2)()))["input_ids"].shape[1] == 64
+  assert next(iter(task.batches.eval_at(2)()))["input_ids"].shape[1] == 32
+  assert next(iter(task.batches.eval_at(3)()))["input_ids"].shape[1] == 64
   assert json.loads(task.files["bert_config.json"])["rope_theta_global"] == 160_000.0
 
   # the long model is the same parameters with another rotation: other logits (a guard)

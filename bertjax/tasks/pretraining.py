@@ -220,7 +220,7 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> task_lib.Task:
           train=_Phases(phases, tr.long_seq_from_step if data.long_seq_length else 0,
                         bool(data.packing)).iterate,
           eval=eval_batches.eval_batches if num_eval else None,
-          long_eval=long_eval if num_eval else None, long_eval_from_step=tr.long_seq_from_step),
+          long_eval=long_eval if num_eval else None, long_eval_after_step=tr.long_seq_from_step),
       score=score,  # main_metric: on the held-out documents
       main_metric="next_token_accuracy" if left_to_right else "mlm_accuracy",
       files={model_files.BERT_CONFIG_FILE: model_files.bert_config_json(long_config

@@ -36,19 +36,23 @@ class Batches:
     samples: () -> (training, evaluation) batches, one of each shape the run's steps will meet
       (e.g. each length bucket of a fine-tuning run), compiled side by side before the first
       step (`bertjax.training.compile_ahead`); None: the first training batch's shape only.
+    long_eval, long_eval_after_step: the held-out batches of a long sequence-length phase that
+      evaluates at its own length, read by evaluations after a step beyond
+      long_eval_after_step (`eval_at`); None: `eval` always.
   """
   train: Callable[[dict | None], Iterator[tuple[Batch, dict]]]
   eval: Callable[[], Iterable[Batch]] | None = None
   predict: Mapping[str, Callable[[], Iterable[Batch]]] = dataclasses.field(default_factory=dict)
   samples: Callable[[], tuple[list[Batch], list[Batch]]] | None = None
   long_eval: Callable[[], Iterable[Batch]] | None = None
-  long_eval_from_step: int = 0
+  long_eval_after_step: int = 0
 
   def eval_at(self, step: int) -> Callable[[], Iterable[Batch]] | None:
     """The held-out batches an evaluation after `step` reads: `long_eval` (a run's long
     sequence-length phase that evaluates at its own length, e.g. ModernBERT's context
-    extension) from `long_eval_from_step` on, else `eval`."""
-    if self.long_eval is not None and step >= self.long_eval_from_step:
+    extension) once `step` trained in that phase (step > long_eval_after_step, the phase's
+    first step being long_eval_after_step + 1), else `eval`."""
+    if self.long_eval is not None and step > self.long_eval_after_step:
       return self.long_eval
     return self.eval
 
