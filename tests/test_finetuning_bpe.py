@@ -13,8 +13,7 @@ import os
 
 import numpy as np
 import pytest
-from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import pre_tokenizers
 
 from bertjax import tokenization
 from bertjax.data import sources
@@ -22,7 +21,8 @@ from bertjax.data.finetuning import glue, ner as ner_data, squad as squad_data, 
 from bertjax.data.pretraining import layout, loader, preparation
 from bertjax.tasks import pretraining_data, squad_answers
 
-SPECIALS = ["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"]  # ModernBERT's order
+from bpe_helpers import write_modernbert_like_tokenizer
+
 # Words of CoNLL-2003's first sentence and some that split into several pieces, one beginning
 # with punctuation ("(Zorbax),": the word's first letter is no word start there).
 WORDS = ["EU", "rejects", "German", "call", "to", "boycott", "British", "lamb", ".", "Zürich",
@@ -34,21 +34,8 @@ CONTEXT = ("The key (Zorbax), was found in  Zürich by naïve Kello-Marlo in 189
 @pytest.fixture(scope="module")
 def bpe_file(tmp_path_factory):
   """A ModernBERT-like tokenizer.json, trained on the bundled corpus."""
-  corpus = [s for doc in sources.read_text_files(sources.BUNDLED_CORPUS)[:30] for s in doc][:400]
-  tok = HFTokenizer(models.BPE())
-  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-  tok.decoder = decoders.ByteLevel()
-  tok.train_from_iterator(corpus, trainers.BpeTrainer(
-      vocab_size=800, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
-  tok.add_tokens(["  "])  # ModernBERT holds runs of spaces as added tokens
-  tok.add_special_tokens(SPECIALS)
-  cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
-  tok.post_processor = processors.TemplateProcessing(
-      single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]",
-      special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
-  path = tmp_path_factory.mktemp("modernbert_like") / "tokenizer.json"
-  tok.save(str(path))
-  return str(path)
+  return write_modernbert_like_tokenizer(
+      tmp_path_factory.mktemp("modernbert_like") / "tokenizer.json")
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from flax import traverse_util
 from bertjax.models import attention, heads, modernbert
 from bertjax.models.config import bert_config
 
-from attention_helpers import (PACKED_SEQ, PREDICTIONS, _assert_trees_close, assert_close,
+from attention_helpers import (PREDICTIONS, _assert_trees_close, assert_close,
                                cudnn_run_by_xla, jit, packed_batch, unpacked_batch)
 
 # 4 layers: 0 and 3 global, 1 and 2 local with a window of 2 keys a side, shorter than every

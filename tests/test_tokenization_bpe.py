@@ -12,14 +12,15 @@ import shutil
 import numpy as np
 import pytest
 from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import models
 
 from bertjax import model_files, tokenization
 from bertjax.data import sources
 from bertjax.errors import UserError
 from bertjax.models.config import BertConfig
 
-SPECIALS = ["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"]  # ModernBERT's order: 50280...50284
+from bpe_helpers import SPECIALS, write_modernbert_like_tokenizer
+
 TEXTS = ["It is a truth universally acknowledged, that a single man in possession of a good "
          "fortune, must be in want of a wife.",
          '"My dear Mr. Bennet," said his lady to him one day, "have you heard that '
@@ -34,20 +35,8 @@ TEXTS = ["It is a truth universally acknowledged, that a single man in possessio
 def hf_dir(tmp_path_factory):
   """A directory as a ModernBERT download holds it: tokenizer.json, tokenizer_config.json,
   special_tokens_map.json."""
-  corpus = [s for doc in sources.read_text_files(sources.BUNDLED_CORPUS)[:30] for s in doc][:400]
-  tok = HFTokenizer(models.BPE())
-  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-  tok.decoder = decoders.ByteLevel()
-  tok.train_from_iterator(corpus, trainers.BpeTrainer(
-      vocab_size=800, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
-  tok.add_tokens(["  "])  # ModernBERT holds runs of spaces as (non-special) added tokens
-  tok.add_special_tokens(SPECIALS)
-  cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
-  tok.post_processor = processors.TemplateProcessing(
-      single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]",
-      special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
   directory = tmp_path_factory.mktemp("modernbert_like")
-  tok.save(str(directory / "tokenizer.json"))
+  write_modernbert_like_tokenizer(directory / "tokenizer.json")
   (directory / "tokenizer_config.json").write_text(json.dumps(
       {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 8192,
        "cls_token": "[CLS]", "sep_token": "[SEP]", "pad_token": "[PAD]", "mask_token": "[MASK]",

@@ -54,7 +54,7 @@ from bertjax import model_files
 from bertjax.convert import hf_rules
 from bertjax.training import init_params
 from bertjax.errors import UserError
-from bertjax.models import bilstm, heads
+from bertjax.models import bilstm
 from bertjax.models.config import BertConfig
 
 _MAX_LISTED = 8  # problems named in one error message

@@ -168,19 +168,10 @@ TASK_HEADS: dict[str, TaskHead] = {
         labelled=False, choices=True),
 }
 
-# ModernBERT's: every head is `classifier.*` (after the shared head under bert/head).
+# ModernBERT's: the same heads, every one `classifier.*` (after the shared head under bert/head).
 MODERNBERT_TASK_HEADS: dict[str, TaskHead] = {
-    "ModernBertForSequenceClassification": TaskHead(
-        "classifier", "sequence_classification", heads.BertForSequenceClassification),
-    "ModernBertForTokenClassification": TaskHead(
-        "classifier", "token_tagging", heads.BertForTokenClassification),
-    "ModernBertForQuestionAnswering": TaskHead(
-        "classifier", "span", lambda config, _: heads.BertForQuestionAnswering(config),
-        labelled=False),
-    "ModernBertForMultipleChoice": TaskHead(
-        "classifier", "multiple_choice", lambda config, _: heads.BertForMultipleChoice(config),
-        labelled=False, choices=True),
-}
+    "Modern" + name: dataclasses.replace(head, hf_prefix="classifier")
+    for name, head in TASK_HEADS.items()}
 
 # Parameter groups of bertjax's BertForPreTraining, by path prefix. The encoder core is required;
 # the others are converted when the checkpoint has them, whole, and reported missing otherwise.

@@ -290,8 +290,7 @@ def local_attention(query: jax.Array, key: jax.Array, value: jax.Array, mask: At
   query_positions = positions.reshape(1, n, window)  # [1, n, window]
   # Keys beyond the ends get position -2 seq, out of every window.
   key_positions = neighbours(positions + 2 * seq) - 2 * seq  # [1, n, 3 window]
-  ids = mask.segment_ids() if mask.sequence_ids is not None else mask.input_mask.astype(
-      jnp.int32)
+  ids = mask.segment_ids()  # [batch, seq]: sequence ids packed, input_mask unpacked
   key_ids = neighbours(ids)  # [batch, n, 3 window]
   query_ids = ids.reshape(batch, n, window)
   near = jnp.abs(query_positions[..., :, None] - key_positions[..., None, :]) <= window

@@ -89,10 +89,8 @@ class GatedFeedForward(nn.Module):
   def __call__(self, x: jax.Array) -> jax.Array:
     """[batch, seq, hidden] -> [batch, seq, hidden] (no residual, no norm)."""
     cfg = self.config
-    kernel = self.param("intermediate", nn.with_logical_partitioning(
-        nn.initializers.truncated_normal(stddev=cfg.initializer_range),
-        ("embed", None, "mlp")), (cfg.hidden_size, 2, cfg.intermediate_size),
-        cfg.storage_dtype)
+    kernel = self.param("intermediate", kernel_init(cfg, ("embed", None, "mlp")),
+                        (cfg.hidden_size, 2, cfg.intermediate_size), cfg.storage_dtype)
     # [b, s, H] x [H, 2, F] -> [b, s, 2, F]
     h = jnp.einsum("bsh,hjf->bsjf", x.astype(cfg.compute_dtype),
                    kernel.astype(cfg.compute_dtype))

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Sequence
 
 import numpy as np
 from tokenizers import Tokenizer as HFTokenizer
 
 from bertjax.errors import UserError
 from bertjax.tokenization.tokenizer import (CLS, CONFIG_FILE, HF_TOKENIZER_FILE, MASK, PAD, SEP,
-                                            UNK, Tokenizer, UnreadableVocabulary,
+                                            UNK, TokenizersTokenizer, UnreadableVocabulary,
                                             write_atomically)
 from bertjax.tokenization.whole_word import is_punctuation
 
@@ -35,7 +34,7 @@ def model_type(path: str) -> str | None:
   return _model_type(_read_json(path)[1])
 
 
-class ByteLevelBPETokenizer(Tokenizer):
+class ByteLevelBPETokenizer(TokenizersTokenizer):
   """A `Tokenizer` over a byte-level BPE tokenizer.json, through `tokenizers`.
 
   `encode` gives the pieces `tokenizers` gives (what transformers' tokenizer gives, less its
@@ -109,7 +108,6 @@ class ByteLevelBPETokenizer(Tokenizer):
                       "(tokenizers' add_special_tokens) and save it again.")
     self.pad_id, self.unk_id = vocab[PAD], vocab[UNK]
     self.cls_id, self.sep_id, self.mask_id = vocab[CLS], vocab[SEP], vocab[MASK]
-    self._dropped = frozenset({self.pad_id, self.cls_id, self.sep_id, self.mask_id})
     self._companions = {}  # {file name: bytes} of the files beside tokenizer.json
     if os.path.basename(path) == HF_TOKENIZER_FILE:
       for name in COMPANION_FILES:
@@ -126,23 +124,6 @@ class ByteLevelBPETokenizer(Tokenizer):
     self._word_start[sorted(not_text)] = True
     self._punctuation = np.array([_separates_words(t) for t in texts], bool)  # [vocab_size]
     self._punctuation[sorted(not_text)] = False
-
-  def encode(self, text: str) -> list[int]:
-    return self._tok.encode(text, add_special_tokens=False).ids
-
-  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-    encodings = self._tok.encode_batch(list(texts), add_special_tokens=False)  # Rust threads
-    return [e.ids for e in encodings]
-
-  def decode(self, ids: Iterable[int]) -> str:
-    kept = []
-    for i in ids:
-      i = int(i)
-      if not 0 <= i < self.vocab_size:
-        raise IndexError(f"id {i} is outside the vocabulary [0, {self.vocab_size})")
-      if i not in self._dropped:
-        kept.append(i)
-    return self._tok.decode(kept, skip_special_tokens=False)
 
   def id_to_token(self, i: int) -> str:
     if not 0 <= int(i) < self.vocab_size:

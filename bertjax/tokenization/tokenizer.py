@@ -14,8 +14,10 @@ user-defined symbols is accepted too; its `encode` does turn the text "[MASK]" i
 from __future__ import annotations
 
 import abc
+import functools
 import os
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -130,6 +132,36 @@ class Tokenizer(abc.ABC):
   @abc.abstractmethod
   def save(self, directory: str) -> str:
     """Writes the tokenizer's file(s) into `directory`; returns the path to load it from."""
+
+
+class TokenizersTokenizer(Tokenizer):
+  """A `Tokenizer` whose pieces come from a `tokenizers.Tokenizer` (`self._tok`, set by the
+  subclass with its special ids): encoding and decoding through it, as the WordPiece and
+  byte-level BPE backends share them."""
+
+  _tok: Any  # tokenizers.Tokenizer
+
+  @functools.cached_property
+  def _dropped(self) -> frozenset[int]:
+    """What `decode` leaves out: [PAD] [CLS] [SEP] [MASK]."""
+    return frozenset({self.pad_id, self.cls_id, self.sep_id, self.mask_id})
+
+  def encode(self, text: str) -> list[int]:
+    return self._tok.encode(text, add_special_tokens=False).ids
+
+  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    encodings = self._tok.encode_batch(list(texts), add_special_tokens=False)  # Rust threads
+    return [e.ids for e in encodings]
+
+  def decode(self, ids: Iterable[int]) -> str:
+    kept = []
+    for i in ids:
+      i = int(i)
+      if not 0 <= i < self.vocab_size:
+        raise IndexError(f"id {i} is outside the vocabulary [0, {self.vocab_size})")
+      if i not in self._dropped:
+        kept.append(i)
+    return self._tok.decode(kept, skip_special_tokens=False)
 
 
 def write_atomically(path: str, data: bytes) -> None:

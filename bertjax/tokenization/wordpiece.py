@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 import numpy as np
 from tokenizers import Tokenizer as HFTokenizer
@@ -21,11 +21,11 @@ from tokenizers import decoders, models, normalizers, pre_tokenizers
 from bertjax.errors import UserError
 from bertjax.tokenization.whole_word import punctuation_table
 from bertjax.tokenization.tokenizer import (CLS, CONFIG_FILE, GOOGLE_MAX_CHARS_PER_WORD, MASK, PAD,
-                                            SEP, UNK, VOCAB_FILE, Tokenizer, UnreadableVocabulary,
-                                            write_atomically)
+                                            SEP, UNK, VOCAB_FILE, TokenizersTokenizer,
+                                            UnreadableVocabulary, write_atomically)
 
 
-class WordPieceTokenizer(Tokenizer):
+class WordPieceTokenizer(TokenizersTokenizer):
   """A `Tokenizer` over a BERT vocab.txt (one piece a line, the id is the line's index).
 
   Pieces come from the `tokenizers` library with BERT's rules (BertNormalizer, BertPreTokenizer,
@@ -76,24 +76,6 @@ class WordPieceTokenizer(Tokenizer):
     self._tok = tok
     # [vocab_size]; [PAD] [UNK] [CLS] [SEP] [MASK] do not start with "##": word starts
     self._word_start = np.array([not t.startswith("##") for t in self._tokens], bool)
-    self._dropped = frozenset({self.pad_id, self.cls_id, self.sep_id, self.mask_id})
-
-  def encode(self, text: str) -> list[int]:
-    return self._tok.encode(text, add_special_tokens=False).ids
-
-  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-    encodings = self._tok.encode_batch(list(texts), add_special_tokens=False)  # Rust threads
-    return [e.ids for e in encodings]
-
-  def decode(self, ids: Iterable[int]) -> str:
-    kept = []
-    for i in ids:
-      i = int(i)
-      if not 0 <= i < self.vocab_size:
-        raise IndexError(f"id {i} is outside the vocabulary [0, {self.vocab_size})")
-      if i not in self._dropped:
-        kept.append(i)
-    return self._tok.decode(kept, skip_special_tokens=False)
 
   def span_text(self, ids: Iterable[int]) -> str:
     """run_squad's rule: the pieces joined by spaces, "##" continuations glued on."""
