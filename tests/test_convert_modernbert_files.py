@@ -11,6 +11,10 @@ for each config.json bertjax cannot represent.
     and the same logits as the original.
 """
 import json
+import os
+import shlex
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -28,6 +32,7 @@ from bertjax.errors import UserError
 from bertjax.training import init_params
 from convert_modernbert_helpers import (HF_CLASSES, NUM_LABELS, SPECIALS, hf_config, hf_model,
                                         padded_batch, state_dict)
+from test_readme import ROOT, _readme_commands
 
 # config.json fields transformers writes that are not the model: provenance, the dtype it ran
 # in, and runtime switches.
@@ -272,3 +277,19 @@ def test_modernbert_weights_under_a_bert_config_are_named():
   with pytest.raises(UserError, match=r"Wi\.weight \(190, 64\) -> \S+/feed_forward/intermediate "
                                       r"\(64, 2, 95\) \(geglu\), the model expects \(64, 2, 96\)"):
     hf.from_hf(wrong, config)
+
+
+def test_the_readme_modernbert_command_runs_as_written(tmp_path):
+  """The README's `python -m bertjax.convert --from=hf --src=MODERNBERT_DIR --dst=OUT`, as
+  written, in a directory holding MODERNBERT_DIR (a save_pretrained ModernBertForMaskedLM with
+  its tokenizer.json)."""
+  [args] = [a for a in _readme_commands("python -m bertjax.convert")
+            if "--src=MODERNBERT_DIR" in a]
+  src = tmp_path / "MODERNBERT_DIR"
+  src.mkdir()
+  hf_model("ModernBertForMaskedLM", vocab_size=_tokenizer_dir(src)).save_pretrained(str(src))
+  out = subprocess.run([sys.executable, "-m", "bertjax.convert", *args], cwd=tmp_path,
+                       env=dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu"),
+                       capture_output=True, text=True, timeout=300, check=False)
+  assert out.returncode == 0, (shlex.join(args), out.stderr[-3000:])
+  assert model_files.load_bert_config(str(tmp_path / "OUT")).architecture == "modernbert"
