@@ -56,6 +56,21 @@ from bertjax.models.layers import (HIDDEN_AXES, MLP_AXES, constrain, kernel_init
 from bertjax.models.rotary import Rotation, rotation
 
 
+# ModernBERT's own checkpoints (and trainer) hold the attention's query, key and value as one
+# tensor, Wqkv [3H, H]; bertjax keeps three kernels. What is computed per tensor (StableAdamW's
+# update clipping) takes the three together, as the authors' optimizer saw them.
+_FUSED_QKV = ("query", "key", "value")
+
+
+def stored_tensor(names: list[str]) -> str:
+  """The name of the tensor ModernBERT's checkpoints store a parameter in, given the parameter's
+  path names ('bert', 'encoder', 'layer_0', 'attention', 'query', 'kernel'): the path itself,
+  with query / key / value of one attention joined as 'qkv' (Wqkv)."""
+  if len(names) >= 3 and names[-3] == "attention" and names[-2] in _FUSED_QKV:
+    names = [*names[:-2], "qkv", names[-1]]
+  return "/".join(names)
+
+
 class Embeddings(nn.Module):
   """Word embeddings, then LayerNorm (no bias); no positions, no token types, no dropout."""
   config: BertConfig

@@ -46,7 +46,7 @@ has the parameters' structure, which `parallel.optimizer_state_shardings` maps o
 """
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -286,7 +286,9 @@ def lamb(learning_rate: optax.ScalarOrSchedule, *, b1: float, b2: float, eps: fl
 
 
 def stable_adamw(learning_rate: optax.ScalarOrSchedule, *, b1: float, b2: float, eps: float,
-                 weight_decay: float, mask: Any) -> optax.GradientTransformation:
+                 weight_decay: float, mask: Any,
+                 stored_tensor: Callable[[list[str]], str] | None = None
+                 ) -> optax.GradientTransformation:
   """StableAdamW: `optax.adamw` with Adafactor's update clipping on each tensor (module docstring),
   without the global clipping (`make_optimizer` adds it where clip_norm is set).
 
@@ -303,6 +305,10 @@ def stable_adamw(learning_rate: optax.ScalarOrSchedule, *, b1: float, b2: float,
     b1, b2, eps: Adam's (eps outside the square root; eps^2 also floors v_hat in RMS).
     weight_decay: decoupled weight decay wd, times the learning rate (as adamw).
     mask: params -> tree of bools, True where p decays.
+    stored_tensor: a parameter's path names -> the name of the tensor the model's own
+      checkpoints store it in; parameters of one stored tensor share one RMS (its mean is over
+      all of them), as the model's own trainer computes it (ModernBERT's Wqkv:
+      `bertjax.models.modernbert.stored_tensor`). None: each parameter is its own tensor.
   Returns:
     the transformation; its state is optax.adamw's (moments, count), so a checkpoint of either
     resumes with the other.
@@ -313,12 +319,17 @@ def stable_adamw(learning_rate: optax.ScalarOrSchedule, *, b1: float, b2: float,
     updates, state = adamw.update(grads, state, params)
     adam = state[0]  # ScaleByAdamState after this update: nu includes g, count is t
     correction = 1.0 - jnp.asarray(b2, jnp.float32) ** adam.count
-
-    def clipped(u, g, nu):
-      rms = jnp.sqrt(jnp.mean(jnp.square(g) / jnp.maximum(nu / correction, eps * eps)))
-      return u / jnp.maximum(1.0, rms).astype(u.dtype)
-
-    return jax.tree.map(clipped, updates, grads, adam.nu), state
+    ratios, treedef = jax.tree_util.tree_flatten_with_path(jax.tree.map(
+        lambda g, nu: jnp.square(g) / jnp.maximum(nu / correction, eps * eps), grads, adam.nu))
+    names = [stored_tensor(_dict_keys(path)) if stored_tensor else i
+             for i, (path, _) in enumerate(ratios)]
+    sums: dict[Any, tuple[jax.Array, int]] = {}  # stored tensor -> (sum of ratios, size)
+    for name, (_, ratio) in zip(names, ratios):
+      total, size = sums.get(name, (0.0, 0))
+      sums[name] = (total + jnp.sum(ratio), size + ratio.size)
+    rms = treedef.unflatten([jnp.sqrt(sums[name][0] / sums[name][1]) for name in names])
+    return jax.tree.map(lambda u, r: u / jnp.maximum(1.0, r).astype(u.dtype), updates,
+                        rms), state
 
   return optax.GradientTransformation(adamw.init, update)
 
@@ -329,7 +340,8 @@ def make_optimizer(*, learning_rate: float = 1e-4, num_train_steps: int, warmup_
                    optimizer: str = "adamw", frozen: Sequence[str] = (),
                    lr_decay_power: float = 1.0, lr_decay_from_step_0: bool = False,
                    lr_schedule: str = "linear", decay_steps: int = 0,
-                   decay_shape: str = "1-sqrt"
+                   decay_shape: str = "1-sqrt",
+                   stored_tensor: Callable[[list[str]], str] | None = None
                    ) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """BERT's optimizer: clip by global norm, then AdamW (or LAMB, or StableAdamW) with the warmup
   + decay (or warmup-stable-decay) schedule.
@@ -353,6 +365,7 @@ def make_optimizer(*, learning_rate: float = 1e-4, num_train_steps: int, warmup_
     lr_decay_from_step_0: the decay's progress counted from step 0 (`learning_rate_schedule`).
     lr_schedule: "linear" (BERT's, the two fields above) or "wsd" (`wsd_schedule`).
     decay_steps, decay_shape: the final decay under "wsd" (`wsd_schedule`).
+    stored_tensor: which parameters StableAdamW clips as one tensor (`stable_adamw`).
   Returns:
     (tx, schedule): `schedule(n)` is the learning rate of the n-th update (0-based), the n-th
     training step.
@@ -371,7 +384,9 @@ def make_optimizer(*, learning_rate: float = 1e-4, num_train_steps: int, warmup_
     def decay_mask(params):  # pylint: disable=function-redefined
       return jax.tree.map(lambda d, f: d and not f, weight_decay_mask(params), is_frozen(params))
 
-  update = make(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=decay_mask)
+  grouped = dict(stored_tensor=stored_tensor) if optimizer == "stable_adamw" else {}
+  update = make(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=decay_mask,
+                **grouped)
   tx = optax.chain(optax.clip_by_global_norm(clip_norm), update) if clip_norm else update
   if frozen:
     tx = optax.chain(optax.masked(optax.set_to_zero(), is_frozen), tx)

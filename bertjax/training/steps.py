@@ -25,7 +25,7 @@ from clu import metrics as clu_metrics
 from jax._src import config as jax_config  # the one flag below has no public context manager
 
 from bertjax.errors import UserError
-from bertjax.models import heads
+from bertjax.models import heads, modernbert
 from bertjax.training import compile_ahead, optim, parallel
 from bertjax.training import task as task_lib
 
@@ -50,12 +50,14 @@ def prng_impl(train_config: ml_collections.ConfigDict) -> str:
   return name
 
 
-def make_optimizer(train_config: ml_collections.ConfigDict):
+def make_optimizer(train_config: ml_collections.ConfigDict, model_config=None):
   """optax AdamW (or LAMB, or StableAdamW) with BERT's schedule from the `train` section of the
   config; train.frozen_params (where the config has it) names parameter groups left unchanged,
   train.lr_decay_power and lr_decay_from_step_0 (1.0 and False where an earlier config lacks
   them) shape the decay, and train.lr_schedule, decay_steps and decay_shape ("linear", 0 and
-  "1-sqrt" where it lacks them) choose warmup-stable-decay instead."""
+  "1-sqrt" where it lacks them) choose warmup-stable-decay instead. A ModernBERT
+  `model_config` (a BertConfig) makes StableAdamW clip its query, key and value kernels as the
+  one Wqkv tensor ModernBERT's trainer steps (`bertjax.models.modernbert.stored_tensor`)."""
   return optim.make_optimizer(
       learning_rate=train_config.learning_rate, num_train_steps=train_config.num_train_steps,
       warmup_steps=train_config.warmup_steps, b1=train_config.b1, b2=train_config.b2,
@@ -66,7 +68,9 @@ def make_optimizer(train_config: ml_collections.ConfigDict):
       lr_decay_from_step_0=train_config.get("lr_decay_from_step_0", False),
       lr_schedule=train_config.get("lr_schedule", "linear"),
       decay_steps=train_config.get("decay_steps", 0),
-      decay_shape=train_config.get("decay_shape", "1-sqrt"))
+      decay_shape=train_config.get("decay_shape", "1-sqrt"),
+      stored_tensor=(modernbert.stored_tensor
+                     if model_config is not None and model_config.is_modernbert else None))
 
 
 def make_train_step(task: task_lib.Task, tx: optax.GradientTransformation,
@@ -218,7 +222,7 @@ def build(config: ml_collections.ConfigDict, task: task_lib.Task, init_batch: ta
   """Builds the mesh, the state's shardings and the jitted init / train / eval functions;
   `init_batch` (a per-host batch) gives the shapes the parameters are initialised with."""
   mesh = make_checked_mesh(config, devices)
-  tx, schedule = make_optimizer(config.train)
+  tx, schedule = make_optimizer(config.train, getattr(task.model, "config", None))
   prng = prng_impl(config.train)
   rng = jax.random.key(config.seed, impl=PRNG_IMPLS[prng])
   init_rng, dropout_rng = jax.random.split(rng)
