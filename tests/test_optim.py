@@ -404,3 +404,42 @@ def test_stable_adamw_state_is_that_of_adamw_and_frozen_parameters_stay():
   got = _run(frozen, [_grads(i) for i in range(3)])
   jax.tree.map(np.testing.assert_array_equal, got["layer_norm"], _tiny_params()["layer_norm"])
   assert not np.allclose(got["dense"]["kernel"], _tiny_params()["dense"]["kernel"])
+
+
+def test_stable_adamw_clips_modernberts_qkv_as_the_one_tensor_optimi_steps():
+  """ModernBERT's trainer steps the attention's query, key and value as one Wqkv tensor, so
+  optimi's StableAdamW takes one RMS over the three. bertjax keeps three kernels and, for a
+  ModernBERT (`modernbert.stored_tensor`), takes that same RMS: three updates, one gradient
+  large enough to clip, equal optimi's on the fused tensor; per kernel they would not be."""
+  import torch  # pylint: disable=import-outside-toplevel
+  import optimi  # pylint: disable=import-outside-toplevel
+  from bertjax.models import modernbert  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(0)
+  names = ("query", "key", "value")
+  params = {"attention": {n: {"kernel": rng.normal(size=(4, 4)).astype(np.float32)}
+                          for n in names}}
+  grads_list = [{"attention": {n: {"kernel": rng.normal(size=(4, 4)).astype(np.float32)
+                                   * (30.0 if (n, i) == ("value", 2) else 1.0)}
+                               for n in names}} for i in range(3)]
+  kwargs = dict(learning_rate=1e-2, num_train_steps=10, warmup_steps=0, clip_norm=None,
+                optimizer="stable_adamw", b2=0.98, weight_decay=0.1)
+  fused, _ = optim.make_optimizer(stored_tensor=modernbert.stored_tensor, **kwargs)
+  separate, _ = optim.make_optimizer(**kwargs)
+
+  def run(tx):
+    p, state = params, tx.init(params)
+    for g in grads_list:
+      updates, state = tx.update(g, state, p)
+      p = optax.apply_updates(p, updates)
+    return np.concatenate([np.asarray(p["attention"][n]["kernel"]) for n in names])
+
+  wqkv = torch.nn.Parameter(torch.from_numpy(
+      np.concatenate([params["attention"][n]["kernel"] for n in names])))
+  reference = optimi.StableAdamW([wqkv], lr=1e-2, betas=(0.9, 0.98), eps=1e-6,
+                                 weight_decay=0.1, foreach=False)
+  for step, g in enumerate(grads_list):
+    reference.param_groups[0]["lr"] = 1e-2 * (1 - step / 10)  # the linear decay over 10 steps
+    wqkv.grad = torch.from_numpy(np.concatenate([g["attention"][n]["kernel"] for n in names]))
+    reference.step()
+  np.testing.assert_allclose(run(fused), wqkv.detach().numpy(), rtol=0, atol=1e-6)
+  assert np.abs(run(separate) - wqkv.detach().numpy()).max() > 1e-4

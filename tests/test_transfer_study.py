@@ -1,0 +1,82 @@
+"""The reference pretraining (bertjax.tools.torch_pretraining) and the transfer study
+(bertjax.tools.transfer_study) end to end on a short run: transformers' twin pretrained on the
+run's own batches, converted, and fine-tuned beside bertjax's model and a random one."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from bertjax.tools import transfer_study
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+
+
+def _python(*args, cwd=ROOT):
+  return subprocess.run([sys.executable, *args], env=ENV, cwd=cwd, capture_output=True,
+                        text=True, timeout=600, check=False)
+
+
+@pytest.fixture(scope="module")
+def pretrained(corpus, tmp_path_factory):
+  """A finished 10-step tiny pretraining workdir (32 tokens, batch 8) on the test corpus."""
+  text_file, vocab = corpus
+  workdir = str(tmp_path_factory.mktemp("pretrained") / "run")
+  out = _python("-m", "bertjax.main", "--config=configs/tiny.py", f"--workdir={workdir}",
+                f"--config.data.input_files={text_file}", f"--config.data.vocab_model={vocab}",
+                "--config.data.max_seq_length=32", "--config.data.max_predictions_per_seq=5",
+                "--config.data.dupe_factor=1", "--config.data.eval_fraction=0.1",
+                "--config.train.batch_size=8", "--config.train.eval_batch_size=16",
+                "--config.train.num_train_steps=10", "--config.train.warmup_steps=2",
+                "--config.train.log_every_steps=5")
+  assert out.returncode == 0, out.stderr[-3000:]
+  return workdir
+
+
+def test_study_pretrains_the_twin_and_fine_tunes_all_three(pretrained, tmp_path):
+  out = tmp_path / "study"
+  assert transfer_study.main([f"--pretrained={pretrained}", f"--out={out}", "--labels=40",
+                              "--seeds=0", "--epochs=1", "--learning_rate=1e-3"]) == 0
+  reference = json.loads((out / "reference" / "eval_results.json").read_text())
+  assert 0 < reference["mlm_accuracy"] < 1 and 0 < reference["nsp_accuracy"] < 1
+  assert reference["step"] == 10
+  # The twin is a transformers directory with the run's vocabulary, and converts to bertjax.
+  assert {"config.json", "model.safetensors", "vocab.model"} <= set(os.listdir(out / "reference"))
+  assert "bert_config.json" in os.listdir(out / "reference_model")
+  results = json.loads((out / transfer_study.RESULTS_FILE).read_text())
+  assert set(results["runs"]) == {"bertjax", "transformers", "random"}
+  for runs in results["runs"].values():
+    assert 0.0 < runs["40"]["0"] <= 1.0
+  table = transfer_study.table(results)
+  assert table.splitlines()[0] == "| model | 40 labels |"
+  assert f"**{100 * results['runs']['random']['40']['0']:.1f}%**" in table
+  # A rerun finds every run done and starts none.
+  before = {p: os.path.getmtime(out / p / "eval_results.json")
+            for p in os.listdir(out) if p.startswith("ft_")}
+  assert transfer_study.main([f"--pretrained={pretrained}", f"--out={out}", "--labels=40",
+                              "--seeds=0", "--epochs=1", "--learning_rate=1e-3"]) == 0
+  assert before == {p: os.path.getmtime(out / p / "eval_results.json") for p in before}
+
+
+def test_reference_refuses_what_it_cannot_run(pretrained, tmp_path):
+  """A directory that is no pretraining run, an --out that holds files, and a recipe the
+  reference does not run: one line each, exit 2, nothing written."""
+  (tmp_path / "full").mkdir()
+  (tmp_path / "full" / "keep.txt").write_text("mine")
+  cases = [([f"--workdir={tmp_path}", f"--out={tmp_path}/a"], "has no config.json"),
+           ([f"--workdir={pretrained}", f"--out={tmp_path}/full"], "is not empty")]
+  lamb = tmp_path / "lamb"
+  lamb.mkdir()
+  config = json.loads(open(os.path.join(pretrained, "config.json")).read())
+  config["train"]["optimizer"] = "lamb"
+  (lamb / "config.json").write_text(json.dumps(config))
+  cases.append(([f"--workdir={lamb}", f"--out={tmp_path}/b"], "train.optimizer=lamb"))
+  for args, message in cases:
+    out = _python("-m", "bertjax.tools.torch_pretraining", *args)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert message in out.stderr and "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+  assert not os.path.exists(tmp_path / "a") and not os.path.exists(tmp_path / "b")
+  assert os.listdir(tmp_path / "full") == ["keep.txt"]
