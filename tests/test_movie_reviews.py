@@ -60,3 +60,20 @@ def test_sst2_files_read_back_through_the_glue_reader(tmp_path):
     assert [(e.text_a, int(e.label)) for e in examples] == rows
   assert (tmp_path / "SST-2" / "dev.tsv").read_text().startswith("sentence\tlabel\n")
   assert movie_reviews.main([f"--output_dir={tmp_path}", "--num_dev=0"]) == 2
+
+
+def test_pretraining_text_is_the_training_sentences_without_dev(tmp_path):
+  """--pretraining_text: every training sentence once, no dev sentence, no label, eight
+  sentences a document; the pretraining's text reader takes it."""
+  from bertjax.data import sources  # pylint: disable=import-outside-toplevel
+  path = str(tmp_path / "reviews.txt")
+  assert movie_reviews.main([f"--output_dir={tmp_path}", f"--pretraining_text={path}"]) == 0
+  documents = sources.read_text_files(path)
+  sentences = [s for doc in documents for s in doc]
+  train, dev = movie_reviews.split(movie_reviews.labelled_sentences())
+  assert sentences == [text for text, _ in train]
+  assert not set(sentences) & {text for text, _ in dev}
+  assert [len(d) for d in documents] == [8] * (len(train) // 8) + ([len(train) % 8]
+                                                                   if len(train) % 8 else [])
+  with pytest.raises(UserError, match="sentences_per_document=0"):
+    movie_reviews.write_pretraining_text(path, sentences_per_document=0)

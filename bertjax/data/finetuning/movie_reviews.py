@@ -1,6 +1,7 @@
 """The bundled movie-review sentences, labelled by sentiment, as an SST-2-style fine-tuning set.
 
   python -m bertjax.data.finetuning.movie_reviews --output_dir=DIR          # DIR/SST-2/{train,dev}.tsv
+      [--pretraining_text=FILE]   # and the training sentences, unlabelled, as pretraining text
   python -m bertjax.main --config=configs/glue.py --config.task=sst2 --config.data.glue_dir=DIR \
       --config.init_checkpoint=CKPT --workdir=RUN
 
@@ -93,6 +94,25 @@ def write_sst2(output_dir: str, *, num_dev: int = NUM_DEV, num_train: int | None
   return output_dir
 
 
+def write_pretraining_text(path: str, *, num_dev: int = NUM_DEV, seed: int = 0,
+                           sentences_per_document: int = 8,
+                           ratings_path: str = GROUND_TRUTH) -> str:
+  """Writes the training split's sentences, without their labels, as pretraining text at PATH
+  (google-research/bert's format: one sentence a line, a blank line after every
+  `sentences_per_document` of them, in the split's order): the in-domain text of
+  semi-supervised learning. Every sentence outside `split`'s dev set is written, whatever
+  num_train a fine-tuning later takes, and no dev sentence. Returns PATH."""
+  if sentences_per_document < 1:
+    raise UserError(f"sentences_per_document={sentences_per_document} must be at least 1.")
+  train, _ = split(labelled_sentences(ratings_path), num_dev=num_dev, seed=seed)
+  documents = [train[i:i + sentences_per_document]
+               for i in range(0, len(train), sentences_per_document)]
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  with open(path, "w", encoding="utf-8") as f:
+    f.write("\n\n".join("\n".join(text for text, _ in doc) for doc in documents) + "\n")
+  return path
+
+
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(
       prog="python -m bertjax.data.finetuning.movie_reviews",
@@ -103,13 +123,19 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--num_train", type=int, default=None,
                       help="training sentences (default: all the others)")
   parser.add_argument("--seed", type=int, default=0, help="seed of the split")
+  parser.add_argument("--pretraining_text", default="",
+                      help="also write every training sentence, unlabelled, as pretraining "
+                           "text to this file (8 sentences a document)")
   args = parser.parse_args(argv)
   try:
     write_sst2(args.output_dir, num_dev=args.num_dev, num_train=args.num_train, seed=args.seed)
+    if args.pretraining_text:
+      write_pretraining_text(args.pretraining_text, num_dev=args.num_dev, seed=args.seed)
   except UserError as e:
     print(f"movie_reviews: error: {e}", file=sys.stderr)
     return 2
-  print(f"wrote {os.path.join(args.output_dir, 'SST-2')}/train.tsv and dev.tsv")
+  print(f"wrote {os.path.join(args.output_dir, 'SST-2')}/train.tsv and dev.tsv"
+        + (f", and {args.pretraining_text}" if args.pretraining_text else ""))
   return 0
 
 
