@@ -80,3 +80,17 @@ def test_reference_refuses_what_it_cannot_run(pretrained, tmp_path):
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
   assert not os.path.exists(tmp_path / "a") and not os.path.exists(tmp_path / "b")
   assert os.listdir(tmp_path / "full") == ["keep.txt"]
+
+
+def test_the_readme_command_parses():
+  """The README's study command names the tool's real flags (its full run takes an hour)."""
+  import re  # pylint: disable=import-outside-toplevel
+  import shlex  # pylint: disable=import-outside-toplevel
+  with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+    lines = [line for block in re.findall(r"```bash\n(.*?)```", f.read(), re.S)
+             for line in block.splitlines()
+             if line.startswith("python -m bertjax.tools.transfer_study")]
+  assert len(lines) == 1, lines
+  args = transfer_study.make_parser().parse_args(shlex.split(lines[0])[3:])
+  assert (args.pretrained, args.labels, args.seeds) == ("/tmp/bertjax_tiny", [250, 1000, 0],
+                                                         [0, 1, 2])

@@ -112,7 +112,8 @@ def _ints(value: str) -> list[int]:
   return [int(v) for v in value.split(",") if v.strip()]
 
 
-def main(argv: list[str] | None = None) -> int:
+def make_parser() -> argparse.ArgumentParser:
+  """The command line of the module docstring."""
   parser = argparse.ArgumentParser(prog="python -m bertjax.tools.transfer_study",
                                    description=__doc__.split("\n\n")[0])
   parser.add_argument("--pretrained", required=True, help="a bertjax pretraining workdir")
@@ -125,6 +126,11 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--all_epochs", type=float, default=3.0, help="epochs with every label")
   parser.add_argument("--reference", type=lambda v: v.lower() == "true", default=True,
                       help="also pretrain transformers' twin (true/false)")
+  return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+  parser = make_parser()
   args = parser.parse_args(argv)
   if not os.path.isfile(os.path.join(args.pretrained, "eval_results.json")):
     parser.error(f"--pretrained={args.pretrained} has no eval_results.json: give a finished "
