@@ -77,9 +77,12 @@ def _assert_same_run(ours, theirs, params, reference, loss_tol, param_tol):
 
 @pytest.mark.parametrize("modern", [False, True], ids=["bert", "modernbert"])
 def test_pretraining_follows_transformers_step_for_step(modern, corpus, tmp_path):
-  torch.set_num_threads(1)
-  config = _config(corpus, modern)
-  ours, theirs, params, reference, names = _run_both(config, str(tmp_path))
+  threads = torch.get_num_threads()
+  torch.set_num_threads(1)  # the xdist worker's core; torch's default would take both
+  try:
+    ours, theirs, params, reference, names = _run_both(_config(corpus, modern), str(tmp_path))
+  finally:
+    torch.set_num_threads(threads)
   diff = np.abs(ours - theirs)
   print(names, "max loss diff", diff.max(axis=0), "at steps", diff.argmax(axis=0))
   _assert_same_run(ours, theirs, params, reference, loss_tol=1e-4, param_tol=2e-4)
