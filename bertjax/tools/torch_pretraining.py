@@ -112,12 +112,14 @@ def decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, 
 
 def check_recipe(config: ml_collections.ConfigDict) -> None:
   """UserError for what the reference does not run (module docstring)."""
-  tr = config.train
-  refused = [(tr.optimizer not in ("adamw", "stable_adamw"), f"train.optimizer={tr.optimizer}"),
-             (tr.lr_decay_from_step_0, "train.lr_decay_from_step_0=true"),
-             (tr.lr_decay_power != 1.0, f"train.lr_decay_power={tr.lr_decay_power}"),
-             (tr.grad_accum_steps != 1, f"train.grad_accum_steps={tr.grad_accum_steps}"),
-             (config.data.packing, "data.packing=true"),
+  tr = config.train  # fields an earlier bertjax's config.json lacks read as their defaults
+  optimizer, power = tr.get("optimizer", "adamw"), tr.get("lr_decay_power", 1.0)
+  accumulation = tr.get("grad_accum_steps", 1)
+  refused = [(optimizer not in ("adamw", "stable_adamw"), f"train.optimizer={optimizer}"),
+             (tr.get("lr_decay_from_step_0", False), "train.lr_decay_from_step_0=true"),
+             (power != 1.0, f"train.lr_decay_power={power}"),
+             (accumulation != 1, f"train.grad_accum_steps={accumulation}"),
+             (config.data.get("packing", False), "data.packing=true"),
              (pretraining_config.is_left_to_right(config), "pretraining.objective=ltr"),
              (config.data.long_seq_length, "data.long_seq_length (a second phase)")]
   named = [what for bad, what in refused if bad]
@@ -131,14 +133,14 @@ def make_optimizer(model: torch.nn.Module, train: ml_collections.ConfigDict):
   once a batch; the scheduler's rate at update n (0-based) is bertjax's schedule(n)."""
   groups = decay_groups(model, train.weight_decay)
   betas = (train.b1, train.b2)
-  if train.optimizer == "stable_adamw":
+  if train.get("optimizer", "adamw") == "stable_adamw":
     import optimi  # pylint: disable=import-outside-toplevel
     optimizer = optimi.StableAdamW(groups, lr=train.learning_rate, betas=betas, eps=train.eps,
                                    decouple_lr=False, foreach=False)
   else:
     optimizer = torch.optim.AdamW(groups, lr=train.learning_rate, betas=betas, eps=train.eps,
                                   foreach=False)
-  if train.lr_schedule == "wsd":
+  if train.get("lr_schedule", "linear") == "wsd":
     scheduler = transformers.get_wsd_schedule(
         optimizer, num_warmup_steps=train.warmup_steps, num_decay_steps=train.decay_steps,
         num_training_steps=train.num_train_steps, decay_type=train.decay_shape)

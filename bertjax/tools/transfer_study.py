@@ -38,7 +38,7 @@ def _python(module: str, args: list[str]) -> None:
   """Runs `python -m MODULE ARGS` (printed first); stops the study if it fails."""
   print(f"$ python -m {module} " + " ".join(args), flush=True)
   if subprocess.run([sys.executable, "-m", module, *args], check=False).returncode:
-    raise SystemExit(f"transfer_study: the command above failed; fix it and rerun.")
+    raise SystemExit("transfer_study: the command above failed; fix it and rerun.")
 
 
 def models(pretrained: str, out: str, reference: bool) -> dict[str, str]:
