@@ -101,6 +101,23 @@ def test_the_random_init_has_the_pretrained_model_shape_and_vocabulary_but_fresh
   assert table.shape[1] == 16 and 0.01 < table[:40].std() < 0.03  # BERT's init: N(0, 0.02)
 
 
+def test_the_random_init_of_a_modernbert_run_is_a_modernbert_without_nsp(tmp_path, random_bert):
+  """A ModernBERT run's random twin: its architecture and shape, no NSP head (ModernBERT
+  never has one), every tensor freshly drawn."""
+  pretrained = random_bert(str(tmp_path / "pretrain_modernbert"),
+                           ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] +
+                           [f"w{i}" for i in range(35)], architecture="modernbert")
+  out = tmp_path / "random_init"
+  real_text_demo.make_random_init(pretrained, str(out), seed=3)
+  config = model_files.load_bert_config(str(out))
+  assert config == model_files.load_bert_config(pretrained) and config.is_modernbert
+  fresh = init_params.load_params(str(out), _abstract_params(out))[0]
+  old = init_params.load_params(pretrained, _abstract_params(out))[0]
+  assert "next_sentence" not in fresh
+  table = np.asarray(fresh["bert"]["embeddings"]["word_embeddings"]["embedding"])
+  assert not np.array_equal(table, old["bert"]["embeddings"]["word_embeddings"]["embedding"])
+
+
 def _abstract_params(model_dir):
   import flax.linen as nn  # pylint: disable=import-outside-toplevel
   import jax  # pylint: disable=import-outside-toplevel
@@ -109,7 +126,8 @@ def _abstract_params(model_dir):
 
   config = model_files.load_bert_config(str(model_dir))
   ids = np.zeros((1, 8), np.int32)
-  return nn.unbox(jax.eval_shape(lambda: heads.BertForPreTraining(config).init(
+  model = heads.BertForPreTraining(config, next_sentence=not config.is_modernbert)
+  return nn.unbox(jax.eval_shape(lambda: model.init(
       jax.random.PRNGKey(1), ids, ids, ids, deterministic=True))["params"])
 
 

@@ -82,6 +82,16 @@ def test_reference_refuses_what_it_cannot_run(pretrained, tmp_path):
   assert os.listdir(tmp_path / "full") == ["keep.txt"]
 
 
+def test_mean_pooling_is_refused_for_a_bert_run(pretrained, tmp_path, capsys):
+  """A BERT run pools [CLS] through its pooler: --pooling=mean stops before any run."""
+  with pytest.raises(SystemExit) as stop:
+    transfer_study.main([f"--pretrained={pretrained}", f"--out={tmp_path}/study",
+                         "--pooling=mean", "--reference=false"])
+  assert stop.value.code == 2
+  assert "is a BERT run" in capsys.readouterr().err
+  assert not os.path.exists(tmp_path / "study")
+
+
 def test_the_readme_command_parses():
   """The README's study command names the tool's real flags (its full run takes an hour)."""
   import re  # pylint: disable=import-outside-toplevel

@@ -96,13 +96,14 @@ def run_command(args: Sequence[str]) -> None:
 
 def make_random_init(pretrained: str, out_dir: str, seed: int = 0) -> None:
   """A model directory with the model and tokenizer of the pretraining workdir `pretrained`
-  and randomly initialised parameters (BERT's initialiser), as `init_checkpoint` takes."""
+  and randomly initialised parameters (the model's own initialiser; a ModernBERT without the
+  NSP head it never has), as `init_checkpoint` takes."""
   if os.path.exists(os.path.join(out_dir, model_files.BERT_CONFIG_FILE)):
     return
   config = model_files.load_bert_config(pretrained)
   ids = np.zeros((1, 8), np.int32)
-  params = heads.BertForPreTraining(config).init(jax.random.PRNGKey(seed), ids, ids, ids,
-                                                 deterministic=True)["params"]
+  model = heads.BertForPreTraining(config, next_sentence=not config.is_modernbert)
+  params = model.init(jax.random.PRNGKey(seed), ids, ids, ids, deterministic=True)["params"]
   model_files.save_model_dir(out_dir, jax.tree.map(np.asarray, nn.unbox(params)), config,
                              model_files.tokenizer_files(pretrained))
 

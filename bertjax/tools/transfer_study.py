@@ -3,6 +3,7 @@ fine-tuned on the movie reviews at several label counts and seeds.
 
   python -m bertjax.tools.transfer_study --pretrained=WORKDIR --out=DIR [--labels=250,1000,0]
       [--seeds=0,1,2] [--learning_rate=3e-4] [--epochs=10] [--all_epochs=3] [--reference=true]
+      [--pooling=mean]
 
 WORKDIR is a bertjax pretraining run (README command 1's /tmp/bertjax_tiny). In DIR:
 1. `reference/`: transformers' model pretrained by torch on the same batches with the same recipe
@@ -13,7 +14,8 @@ WORKDIR is a bertjax pretraining run (README command 1's /tmp/bertjax_tiny). In 
 3. `sst2_N/`: the bundled movie reviews with N training sentences (0: all 9,568) and the same
    1,000 dev sentences;
 4. `ft_MODEL_N_sSEED/`: `configs/glue.py --config.task=sst2` from each model, at
-   --learning_rate for --epochs epochs (--all_epochs with every label), seed SEED.
+   --learning_rate for --epochs epochs (--all_epochs with every label), seed SEED; a ModernBERT
+   run's heads read --pooling ('cls' or 'mean'; unset: what the model was pretrained with).
 Each command is printed before it runs, and a rerun skips what is done. DIR/transfer.json holds
 every dev accuracy, and the table printed last gives each model's mean (and each seed's) per
 label count, with the held-out pretraining metrics of both pretrained models.
@@ -28,6 +30,7 @@ import sys
 
 import numpy as np
 
+from bertjax import model_files
 from bertjax.data.finetuning import movie_reviews
 from bertjax.tools import real_text_demo, torch_pretraining
 
@@ -58,14 +61,16 @@ def models(pretrained: str, out: str, reference: bool) -> dict[str, str]:
 
 
 def fine_tune(model_dir: str, glue_dir: str, workdir: str, seed: int, learning_rate: float,
-              epochs: float) -> float:
-  """The last dev accuracy of one sst2 fine-tuning (run unless `workdir` has one)."""
+              epochs: float, pooling: str = "") -> float:
+  """The last dev accuracy of one sst2 fine-tuning (run unless `workdir` has one); `pooling`
+  ("": the model's) is what a ModernBERT head reads."""
   if not real_text_demo.dev_accuracies(workdir):
     _python("bertjax.main", [
         "--config=configs/glue.py", "--config.task=sst2", f"--workdir={workdir}",
         f"--config.init_checkpoint={model_dir}", f"--config.data.glue_dir={glue_dir}",
         f"--config.seed={seed}", f"--config.train.learning_rate={learning_rate}",
-        f"--config.train.num_train_epochs={epochs}", "--config.train.eval_every_steps=1000000"])
+        f"--config.train.num_train_epochs={epochs}", "--config.train.eval_every_steps=1000000",
+        *([f"--config.model.pooling={pooling}"] if pooling else [])])
   return real_text_demo.dev_accuracies(workdir)[-1][1]
 
 
@@ -99,7 +104,8 @@ def run(args: argparse.Namespace) -> dict:
     for name, model_dir in found.items():
       for seed in args.seeds:
         accuracy = fine_tune(model_dir, glue_dir, os.path.join(out, f"ft_{name}_{n}_s{seed}"),
-                             seed, args.learning_rate, args.epochs if n else args.all_epochs)
+                             seed, args.learning_rate, args.epochs if n else args.all_epochs,
+                             args.pooling)
         results["runs"].setdefault(name, {}).setdefault(str(n), {})[str(seed)] = accuracy
         with open(os.path.join(out, RESULTS_FILE), "w", encoding="utf-8") as f:
           json.dump(results, f, indent=2)
@@ -126,6 +132,8 @@ def make_parser() -> argparse.ArgumentParser:
   parser.add_argument("--all_epochs", type=float, default=3.0, help="epochs with every label")
   parser.add_argument("--reference", type=lambda v: v.lower() == "true", default=True,
                       help="also pretrain transformers' twin (true/false)")
+  parser.add_argument("--pooling", default="", choices=["", "cls", "mean"],
+                      help="what a ModernBERT model's classifier reads ('': as pretrained)")
   return parser
 
 
@@ -135,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
   if not os.path.isfile(os.path.join(args.pretrained, "eval_results.json")):
     parser.error(f"--pretrained={args.pretrained} has no eval_results.json: give a finished "
                  "bertjax pretraining workdir")
+  if args.pooling == "mean" and not model_files.load_bert_config(args.pretrained).is_modernbert:
+    parser.error(f"--pooling=mean: {args.pretrained} is a BERT run, whose heads read [CLS] "
+                 "through its pooler; leave --pooling out")
   run(args)
   return 0
 
