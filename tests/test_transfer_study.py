@@ -92,6 +92,33 @@ def test_mean_pooling_is_refused_for_a_bert_run(pretrained, tmp_path, capsys):
   assert not os.path.exists(tmp_path / "study")
 
 
+def test_pooling_reaches_every_fine_tuning_of_a_modernbert_run(random_bert, tmp_path,
+                                                             monkeypatch):
+  """--pooling=mean on a ModernBERT run: each fine-tuning command carries it (the commands are
+  recorded, each leaving the dev accuracy a finished run leaves)."""
+  run = random_bert(str(tmp_path / "run"), ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] +
+                    [f"w{i}" for i in range(35)], architecture="modernbert")
+  (tmp_path / "run" / "bert" / "eval_results.json").write_text(
+      json.dumps({"step": 10, "mlm_accuracy": 0.2}))
+  commands = []
+
+  def record(module, args):
+    commands.append((module, args))
+    workdir = next(a.split("=", 1)[1] for a in args if a.startswith("--workdir="))
+    os.makedirs(workdir)
+    with open(os.path.join(workdir, "metrics.jsonl"), "w", encoding="utf-8") as f:
+      f.write(json.dumps({"step": 1, "split": "eval", "accuracy": 0.6}) + "\n")
+
+  monkeypatch.setattr(transfer_study, "_python", record)
+  assert transfer_study.main([f"--pretrained={run}", f"--out={tmp_path}/study", "--labels=40",
+                              "--seeds=0,1", "--reference=false", "--pooling=mean"]) == 0
+  assert len(commands) == 4  # bertjax's run and the random twin, two seeds each
+  assert all(module == "bertjax.main" and "--config.model.pooling=mean" in args
+             for module, args in commands)
+  results = json.loads((tmp_path / "study" / transfer_study.RESULTS_FILE).read_text())
+  assert results["runs"]["random"]["40"] == {"0": 0.6, "1": 0.6}
+
+
 def test_the_readme_command_parses():
   """The README's study command names the tool's real flags (its full run takes an hour)."""
   import re  # pylint: disable=import-outside-toplevel
