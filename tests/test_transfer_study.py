@@ -82,6 +82,22 @@ def test_reference_refuses_what_it_cannot_run(pretrained, tmp_path):
   assert os.listdir(tmp_path / "full") == ["keep.txt"]
 
 
+def test_an_earlier_runs_config_reads_the_fields_it_lacks_as_their_defaults(pretrained):
+  """A config.json written before some fields existed: those read as configs/tiny.py's, the
+  others keep the run's values, and the recipe check passes it."""
+  from bertjax.tools import torch_pretraining  # pylint: disable=import-outside-toplevel
+  saved = json.loads(open(os.path.join(pretrained, "config.json")).read())
+  for field in ("optimizer", "lr_decay_power", "lr_decay_from_step_0", "grad_accum_steps",
+                "lr_schedule"):
+    del saved["train"][field]
+  del saved["data"]["packing"]
+  config = torch_pretraining.over_defaults(saved)
+  assert (config.train.optimizer, config.train.lr_decay_power, config.train.lr_schedule,
+          config.data.packing) == ("adamw", 1.0, "linear", False)
+  assert config.train.num_train_steps == 10 and config.data.max_seq_length == 32
+  torch_pretraining.check_recipe(config)
+
+
 def test_mean_pooling_is_refused_for_a_bert_run(pretrained, tmp_path, capsys):
   """A BERT run pools [CLS] through its pooler: --pooling=mean stops before any run."""
   with pytest.raises(SystemExit) as stop:

@@ -40,6 +40,7 @@ import torch
 import transformers
 
 from bertjax import model_files
+from bertjax.configs import tiny
 from bertjax.convert import hf, hf_files
 from bertjax.errors import UserError
 from bertjax.models.config import BertConfig
@@ -110,16 +111,26 @@ def decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, 
   return [dict(params=decay, weight_decay=weight_decay), dict(params=rest, weight_decay=0.0)]
 
 
+def over_defaults(saved: dict[str, Any]) -> ml_collections.ConfigDict:
+  """A run's config.json (`saved`) over configs/tiny.py's fields, which every pretraining config
+  has: the fields an earlier bertjax did not write yet read as their defaults."""
+  def merge(defaults: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(defaults)
+    for key, value in values.items():
+      both = isinstance(value, dict) and isinstance(defaults.get(key), dict)
+      merged[key] = merge(defaults[key], value) if both else value
+    return merged
+  return ml_collections.ConfigDict(merge(tiny.get_config().to_dict(), saved))
+
+
 def check_recipe(config: ml_collections.ConfigDict) -> None:
   """UserError for what the reference does not run (module docstring)."""
-  tr = config.train  # fields an earlier bertjax's config.json lacks read as their defaults
-  optimizer, power = tr.get("optimizer", "adamw"), tr.get("lr_decay_power", 1.0)
-  accumulation = tr.get("grad_accum_steps", 1)
-  refused = [(optimizer not in ("adamw", "stable_adamw"), f"train.optimizer={optimizer}"),
-             (tr.get("lr_decay_from_step_0", False), "train.lr_decay_from_step_0=true"),
-             (power != 1.0, f"train.lr_decay_power={power}"),
-             (accumulation != 1, f"train.grad_accum_steps={accumulation}"),
-             (config.data.get("packing", False), "data.packing=true"),
+  tr = config.train
+  refused = [(tr.optimizer not in ("adamw", "stable_adamw"), f"train.optimizer={tr.optimizer}"),
+             (tr.lr_decay_from_step_0, "train.lr_decay_from_step_0=true"),
+             (tr.lr_decay_power != 1.0, f"train.lr_decay_power={tr.lr_decay_power}"),
+             (tr.grad_accum_steps != 1, f"train.grad_accum_steps={tr.grad_accum_steps}"),
+             (config.data.packing, "data.packing=true"),
              (pretraining_config.is_left_to_right(config), "pretraining.objective=ltr"),
              (config.data.long_seq_length, "data.long_seq_length (a second phase)")]
   named = [what for bad, what in refused if bad]
@@ -133,14 +144,14 @@ def make_optimizer(model: torch.nn.Module, train: ml_collections.ConfigDict):
   once a batch; the scheduler's rate at update n (0-based) is bertjax's schedule(n)."""
   groups = decay_groups(model, train.weight_decay)
   betas = (train.b1, train.b2)
-  if train.get("optimizer", "adamw") == "stable_adamw":
+  if train.optimizer == "stable_adamw":
     import optimi  # pylint: disable=import-outside-toplevel
     optimizer = optimi.StableAdamW(groups, lr=train.learning_rate, betas=betas, eps=train.eps,
                                    decouple_lr=False, foreach=False)
   else:
     optimizer = torch.optim.AdamW(groups, lr=train.learning_rate, betas=betas, eps=train.eps,
                                   foreach=False)
-  if train.get("lr_schedule", "linear") == "wsd":
+  if train.lr_schedule == "wsd":
     scheduler = transformers.get_wsd_schedule(
         optimizer, num_warmup_steps=train.warmup_steps, num_decay_steps=train.decay_steps,
         num_training_steps=train.num_train_steps, decay_type=train.decay_shape)
@@ -227,7 +238,7 @@ def run(workdir: str, out: str, seed: int = 0) -> dict[str, float]:
   if os.path.exists(out) and os.listdir(out):
     raise UserError(f"--out={out} is not empty; name a new directory.")
   with open(path, encoding="utf-8") as f:
-    config = ml_collections.ConfigDict(json.load(f))
+    config = over_defaults(json.load(f))
   if config.task != "pretraining":
     raise UserError(f"{workdir} is a {config.task} run, not a pretraining one.")
   check_recipe(config)
