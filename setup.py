@@ -16,9 +16,7 @@ setuptools.setup(
     name="bertjax",
     version="0.1.0",
     description="BERT in JAX/Flax: pretraining (MLM + NSP) and fine-tuning on CPU, GPU and TPU.",
-    # configs/ (at the root, where commands name them) is installed as the package bertjax.configs.
-    packages=[*setuptools.find_packages(include=["bertjax", "bertjax.*"]), "bertjax.configs"],
-    package_dir={"bertjax.configs": "configs"},
+    packages=setuptools.find_packages(include=["bertjax", "bertjax.*"]),
     package_data={"bertjax": ["data/corpus/*.txt", "data/corpus/*.md", "data/finetuning/movie_reviews/*.txt",
                               "data/finetuning/movie_reviews/*.md"]},
     python_requires=">=3.10",

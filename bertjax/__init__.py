@@ -3,14 +3,9 @@
 The package's commands that moved in the November 2026 layout keep their old names:
 `python -m bertjax.bench` still runs, says where it went (stderr) and runs
 `bertjax.tools.bench`. `MOVED_COMMANDS` is the table; nothing is imported until asked for.
-
-`bertjax.configs` is configs/ at the root, which setup.py installs under that name; in a checkout
-that pip has not installed (an accelerator machine without a package registry, running from the
-repository root) it is found there all the same.
 """
 import importlib.abc
 import importlib.util
-import os
 import sys
 
 MOVED_COMMANDS = {  # old `python -m` name -> the module that runs it now
@@ -37,19 +32,5 @@ class _MovedCommandFinder(importlib.abc.MetaPathFinder):
     return importlib.util.spec_from_file_location(fullname, importlib.util.find_spec(new).origin)
 
 
-class _CheckoutConfigsFinder(importlib.abc.MetaPathFinder):
-  """Finds bertjax.configs (after every other finder said no) as the checkout's configs/."""
-
-  def find_spec(self, fullname, path=None, target=None):
-    del path, target
-    configs = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
-    init = os.path.join(configs, "__init__.py")
-    if fullname != "bertjax.configs" or not os.path.exists(init):
-      return None
-    return importlib.util.spec_from_file_location(fullname, init,
-                                                  submodule_search_locations=[configs])
-
-
-for _finder in (_MovedCommandFinder, _CheckoutConfigsFinder):
-  if not any(isinstance(finder, _finder) for finder in sys.meta_path):
-    sys.meta_path.append(_finder())
+if not any(isinstance(finder, _MovedCommandFinder) for finder in sys.meta_path):
+  sys.meta_path.append(_MovedCommandFinder())

@@ -202,20 +202,24 @@ def test_missing_packages_are_one_line_saying_how_to_fetch_them(tmp_path):
 
 def test_an_uninstalled_checkout_finds_its_configs(tmp_path):
   """Without pip's editable install (as on a machine without a package registry), run from a
-  checkout (here a copy of bertjax/__init__.py and configs/): bertjax.configs is its configs/."""
-  (tmp_path / "bertjax").mkdir()
-  shutil.copy(os.path.join(ROOT, "bertjax", "__init__.py"), tmp_path / "bertjax")
-  shutil.copytree(os.path.join(ROOT, "configs"), tmp_path / "configs")
+  copy of the checkout's bertjax/: bertjax.configs is a plain subpackage, found with no import
+  hook of bertjax's on sys.meta_path but the old command names' (`bertjax.MOVED_COMMANDS`)."""
+  shutil.copytree(os.path.join(ROOT, "bertjax"), tmp_path / "bertjax",
+                  ignore=shutil.ignore_patterns("__pycache__", "data"))
   script = textwrap.dedent(f"""
       import sys
       sys.meta_path[:] = [f for f in sys.meta_path
                           if not getattr(f, "__module__", "").startswith("__editable__")]
       sys.path.insert(0, {str(tmp_path)!r})
       from bertjax.configs import tiny
-      print(tiny.__file__, tiny.get_config().model.size)""")
+      hooks = [type(f).__name__ for f in sys.meta_path
+               if type(f).__module__.startswith("bertjax")]
+      print(tiny.__file__, tiny.get_config().model.size, *hooks)""")
   out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True,
                        text=True, check=False)
-  assert out.stdout.split() == [str(tmp_path / "configs" / "tiny.py"), "tiny"], out.stderr
+  assert out.stdout.split() == [str(tmp_path / "bertjax" / "configs" / "tiny.py"), "tiny",
+                                "_MovedCommandFinder"], \
+      out.stderr
 
 
 def test_init_compile_unrolled_restores_the_kernel_lowering(capsys):

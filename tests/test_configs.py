@@ -13,7 +13,7 @@ import pytest
 from bertjax.configs import base, finetuning, squad, tiny
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIGS = os.path.join(ROOT, "configs")
+CONFIGS = os.path.join(ROOT, "bertjax", "configs")
 NAMES = sorted(n[:-3] for n in os.listdir(CONFIGS) if n.endswith(".py") and n != "__init__.py")
 
 # Each config: the default it starts from, and every field whose value (or type) differs from it.
@@ -102,8 +102,8 @@ def test_every_field_of_the_defaults_is_commented(module):
 def test_config_file_resolves_to_the_packaged_configs_outside_the_repository(tmp_path,
                                                                             monkeypatch):
   from bertjax import main  # pylint: disable=import-outside-toplevel
-  monkeypatch.chdir(ROOT)
-  assert main._config_file("configs/squad.py:v2.0") == "configs/squad.py:v2.0"  # as given
+  monkeypatch.chdir(ROOT)  # a checkout: configs/ is the package's, bertjax/configs/
+  assert main._config_file("configs/squad.py:v2.0") == os.path.join(CONFIGS, "squad.py:v2.0")
   monkeypatch.chdir(tmp_path)
   packaged = main._config_file("configs/squad.py:v2.0")
   assert packaged.endswith(":v2.0")

@@ -40,7 +40,7 @@ def _run(workdir, flags):
   env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu",
              XLA_FLAGS="--xla_force_host_platform_device_count=1")
   return subprocess.run([sys.executable, "-m", "bertjax.main",
-                         f"--config={os.path.join(ROOT, 'configs/tiny.py')}",
+                         f"--config={os.path.join(ROOT, 'bertjax/configs/tiny.py')}",
                          f"--workdir={workdir}", *flags],
                         env=env, cwd=ROOT, capture_output=True, text=True, timeout=300,
                         check=False)

@@ -48,7 +48,7 @@ def model_dir(tmp_path_factory):
 
 def _run(workdir, *flags):
   return subprocess.run(
-      [sys.executable, "-m", "bertjax.main", f"--config={ROOT}/configs/features.py",
+      [sys.executable, "-m", "bertjax.main", f"--config={ROOT}/bertjax/configs/features.py",
        f"--workdir={workdir}", *flags],
       env=dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu"), cwd=ROOT,
       capture_output=True, text=True, timeout=300, check=False)

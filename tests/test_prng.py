@@ -170,7 +170,7 @@ def _run(workdir, corpus, *flags):
   env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu",
              XLA_FLAGS="--xla_force_host_platform_device_count=1")
   return subprocess.run(
-      [sys.executable, "-m", "bertjax.main", f"--config={os.path.join(ROOT, 'configs/tiny.py')}",
+      [sys.executable, "-m", "bertjax.main", f"--config={os.path.join(ROOT, 'bertjax/configs/tiny.py')}",
        f"--workdir={workdir}", f"--config.data.input_files={text_file}",
        f"--config.data.vocab_model={vocab}", "--config.data.max_seq_length=32",
        "--config.data.max_predictions_per_seq=5", "--config.data.dupe_factor=2",

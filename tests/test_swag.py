@@ -257,7 +257,7 @@ def test_bad_configs_are_named(model_dir, swag_dir, tmp_path):
 
 def test_command_line_names_missing_checkpoint(tmp_path):
   result = subprocess.run(
-      [sys.executable, "-m", "bertjax.main", f"--config={ROOT}/configs/swag.py",
+      [sys.executable, "-m", "bertjax.main", f"--config={ROOT}/bertjax/configs/swag.py",
        f"--workdir={tmp_path / 'w'}"], env=dict(os.environ, PYTHONPATH=ROOT), cwd=ROOT,
       capture_output=True, text=True, timeout=300, check=False)
   assert result.returncode == 2 and "set --config.init_checkpoint" in result.stderr, result.stderr

@@ -36,8 +36,8 @@ ml_collections, grain, array_record, tensorboardX and seqeval. On a machine with
 transformers) as wheels for --python_version at the versions installed here (setup.py's pins),
 building seqeval's (an sdist only) as a wheel here. Copy DIR with the checkout; `--wheels=DIR`
 installs those of them that are missing into DIR/site with `pip install --no-index --no-deps
---target` and puts DIR/site on the rows' path. An uninstalled checkout finds `bertjax.configs` as
-configs/ (`bertjax/__init__.py`). seqeval's NER metrics need scikit-learn, which is not fetched
+--target` and puts DIR/site on the rows' path. An uninstalled checkout finds `bertjax.configs`, a plain
+subpackage, as any other. seqeval's NER metrics need scikit-learn, which is not fetched
 (the rows do not use it).
 
 `--smoke` runs the same rows at BERT-tiny, batch / 16, seq / 8 and a 128-token vocabulary: the
