@@ -138,7 +138,7 @@ def test_bad_configs_are_named(model_dir, glue_dir, tmp_path):
 
 def test_command_line_unknown_task_and_missing_checkpoint(tmp_path):
   run = lambda *flags: subprocess.run(
-      [sys.executable, "-m", "bertjax.main", f"--config={ROOT}/configs/glue.py",
+      [sys.executable, "-m", "bertjax.main", f"--config={ROOT}/bertjax/configs/glue.py",
        f"--workdir={tmp_path / 'w'}", *flags], env=dict(os.environ, PYTHONPATH=ROOT),
       cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
   result = run("--config.task=mrpcc")
