@@ -19,7 +19,6 @@ from flax import traverse_util
 from bertjax import model_files, tasks
 from bertjax.convert import __main__ as convert_cli
 from bertjax.convert import hf
-from bertjax.data import sources
 from bertjax.data.finetuning import movie_reviews
 from bertjax.data.pretraining import loader, masking, shards
 from bertjax.errors import UserError
@@ -27,20 +26,16 @@ from bertjax.models import heads
 from bertjax.tasks import finetuning
 
 from ablations_helpers import CONFIG, jit
-from test_readme import _section_commands
+from test_readme import _section_commands, write_corpus_slice
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
 def readme_runs(tmp_path_factory):
-  """The README's "Pretraining ablations" commands run as written in a directory holding
-  text/a.txt and text/b.txt (30 chapters of the bundled corpus each); returns that directory."""
-  root = tmp_path_factory.mktemp("ablations")
-  (root / "text").mkdir()
-  documents = sources.read_text_files(sources.BUNDLED_CORPUS)[:60]
-  for name, docs in (("a.txt", documents[:30]), ("b.txt", documents[30:])):
-    (root / "text" / name).write_text("\n\n".join("\n".join(d) for d in docs) + "\n")
+  """docs/pretraining.md's "Pretraining ablations" commands run as written in a directory
+  holding bertjax/data/corpus/austen.txt (60 chapters of the bundled corpus); returns it."""
+  root = write_corpus_slice(tmp_path_factory.mktemp("ablations"))
   commands = _section_commands("Pretraining ablations")
   assert len(commands) == 3, commands
   env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")

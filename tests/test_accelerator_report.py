@@ -21,15 +21,16 @@ from bertjax.tools import accelerator_report as report
 from bertjax.tools import init_compile
 from bertjax.training import steps
 
+import docs_text
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TITLES = ("row", "attention", "B", "pk", "remat", "prng", "step ms", "tokens/s", "MFU",
           "plan GiB", "peak GiB", "compile s", "init s", "wall s", "status")
 
 
 def _readme_commands():
-  """The README's accelerator_report command lines, as written."""
-  with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
-    text = f.read()
+  """docs/accelerators.md's accelerator_report command lines, as written."""
+  text = docs_text.all_text()
   return [line for block in re.findall(r"```bash\n(.*?)```", text, re.S)
           for line in block.splitlines()
           if line.startswith("python -m bertjax.tools.accelerator_report")]

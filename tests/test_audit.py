@@ -14,6 +14,8 @@ import pytest
 
 from bertjax.tools import hlo
 
+import docs_text
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NUM_LAYERS = 2  # configs/tiny.py
 
@@ -194,9 +196,8 @@ def test_matmuls_are_counted_by_their_dtypes():
 
 
 def test_the_readme_audit_command_runs_as_written():
-  with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
-    commands = [line for line in f.read().splitlines()
-                if line.startswith("python -m bertjax.tools.audit")]
+  commands = [line for line in docs_text.all_text().splitlines()  # docs/accelerators.md
+              if line.startswith("python -m bertjax.tools.audit")]
   assert len(commands) == 1, commands
   result = subprocess.run([sys.executable, *commands[0].split()[1:]], cwd=ROOT,
                           env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True, text=True,

@@ -22,6 +22,7 @@ import optax
 import pytest
 from flax import traverse_util
 
+import docs_text
 import test_ner
 from bertjax import model_files
 from bertjax.training import init_params, optim
@@ -235,8 +236,7 @@ def _config(model_dir, data_dir, arg="feature_based"):
 def _readme_config(model_dir, data_dir):
   """The config of the README's feature-based command (its --config file:ARG and every
   --config.KEY=VALUE, with CKPT and CONLL_DIR the fixtures'), then _config's test sizes."""
-  with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
-    text = re.sub(r"\\\n\s*", " ", f.read())
+  text = re.sub(r"\\\n\s*", " ", docs_text.all_text())  # docs/finetuning.md
   [command] = [line for line in text.splitlines()
                if line.startswith("python -m bertjax.main --config=configs/ner.py:feature_based")]
   args = dict(arg.split("=", 1) for arg in shlex.split(command)[3:])

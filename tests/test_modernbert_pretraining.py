@@ -85,7 +85,8 @@ def test_paper_recipes_build():
 
 
 def test_readme_modernbert_commands_run_as_written(text_dir):
-  """The README's "ModernBERT" commands, as written, in a directory holding text/*.txt: the
+  """docs/modernbert.md's "ModernBERT" commands, as written, in a directory holding
+  bertjax/data/corpus/austen.txt (a slice of the bundled corpus: tests/test_readme.py): the
   demo config pretrains the masked LM alone (no NSP term), its rate warms up, holds and decays
   to 0 with 1-sqrt (wsd), the context extension evaluates at each phase's length and saves the
   base it ends with; then the conversion to a Hugging Face ModernBERT that transformers loads

@@ -1,5 +1,6 @@
-"""The README's "Pretraining data" commands, run exactly as written (in a directory holding
-text/*.txt, a slice of the bundled corpus)."""
+"""docs/pretraining.md's "Pretraining data" commands, run exactly as written (in a directory
+holding bertjax/data/corpus/austen.txt, a slice of the bundled corpus), and every page's other
+commands parsed. The pages are read through tests/docs_text.py."""
 import importlib
 import os
 import re
@@ -11,14 +12,15 @@ import pytest
 
 from bertjax.data import sources
 
+import docs_text
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _section_commands(title):
-  """The `python -m bertjax...` command lines of the README section `## title`."""
-  with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
-    text = f.read()
-  section = text.split(f"\n## {title}\n")[1].split("\n## ")[0]
+  """The `python -m bertjax...` command lines of the section `## title` of the README or of
+  the page under docs/ that has it."""
+  section = docs_text.section(title)
   blocks = re.findall(r"```bash\n(.*?)```", section, re.S)
   return [line for block in blocks for line in block.splitlines()
           if line.startswith("python -m bertjax.")]
@@ -26,12 +28,19 @@ def _section_commands(title):
 
 @pytest.fixture(scope="module")
 def text_dir(tmp_path_factory):
-  """A directory with text/a.txt and text/b.txt: 30 chapters each."""
+  """A directory holding bertjax/data/corpus/austen.txt, where the commands run from a
+  checkout find the bundled corpus: here its first 60 chapters, so that they run in seconds."""
   root = tmp_path_factory.mktemp("readme")
-  (root / "text").mkdir()
+  return write_corpus_slice(root)
+
+
+def write_corpus_slice(root):
+  """Writes the first 60 chapters of the bundled corpus to ROOT/bertjax/data/corpus/austen.txt
+  (no package there: `python -m bertjax...` still imports the checkout's); returns root."""
+  corpus = root / "bertjax" / "data" / "corpus"
+  corpus.mkdir(parents=True)
   documents = sources.read_text_files(sources.BUNDLED_CORPUS)[:60]
-  for name, docs in (("a.txt", documents[:30]), ("b.txt", documents[30:])):
-    (root / "text" / name).write_text("\n\n".join("\n".join(d) for d in docs) + "\n")
+  (corpus / "austen.txt").write_text("\n\n".join("\n".join(d) for d in documents) + "\n")
   return root
 
 
@@ -52,10 +61,9 @@ def test_pretraining_data_commands_run_as_written(text_dir):
 
 
 def _readme_commands(prefix):
-  """Argument lists of every README command that starts with `prefix` (backslash-continued
-  lines joined; [optional] parts and "..." dropped)."""
-  with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
-    text = re.sub(r"\\\n\s*", " ", f.read())
+  """Argument lists of every command of the README and the pages under docs/ that starts with
+  `prefix` (backslash-continued lines joined; [optional] parts and "..." dropped)."""
+  text = re.sub(r"\\\n\s*", " ", docs_text.all_text())
   commands = []
   for block in re.findall(r"```bash\n(.*?)```", text, re.S):
     for line in block.splitlines():
@@ -66,7 +74,7 @@ def _readme_commands(prefix):
 
 
 def test_every_readme_command_names_real_flags_and_config_fields():
-  """The README's other commands (paths of a real cluster, not runnable here) parse: prepare's
+  """The pages' other commands (paths of a real cluster, not runnable here) parse: prepare's
   flags exist, and every --config.KEY is a field of the config named."""
   from bertjax.data import prepare  # pylint: disable=import-outside-toplevel
 

@@ -140,9 +140,8 @@ def test_bad_arguments_stop_before_any_run(tmp_path, flag, capsys):
 
 
 def test_the_readme_command_parses():
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  with open(os.path.join(root, "README.md"), encoding="utf-8") as f:
-    text = re.sub(r"\\\n\s*", " ", f.read())
+  import docs_text  # pylint: disable=import-outside-toplevel
+  text = re.sub(r"\\\n\s*", " ", docs_text.all_text())  # docs/pretraining.md
   [command] = [line for line in text.splitlines()
                if line.startswith("python -m bertjax.tools.real_text_demo")]
   args = real_text_demo.make_parser().parse_args(shlex.split(command)[3:])

@@ -19,6 +19,7 @@ import sys
 import numpy as np
 import pytest
 from conftest import GLUE_VOCAB, tree_digest
+import docs_text
 
 from bertjax import metrics, tasks
 from bertjax.tools import sweep
@@ -37,9 +38,9 @@ def model_dir(random_bert, tmp_path_factory):
 
 
 def _readme_sweep_command():
-  """The README's `python -m bertjax.tools.sweep` command as arguments (continued lines joined)."""
-  with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
-    text = re.sub(r"\\\n\s*", " ", f.read())
+  """docs/finetuning.md's `python -m bertjax.tools.sweep` command as arguments (continued lines
+  joined)."""
+  text = re.sub(r"\\\n\s*", " ", docs_text.all_text())
   commands = [line.strip() for block in re.findall(r"```bash\n(.*?)```", text, re.S)
               for line in block.splitlines() if line.startswith("python -m bertjax.tools.sweep")]
   assert len(commands) == 1, commands

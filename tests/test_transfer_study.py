@@ -139,10 +139,10 @@ def test_the_readme_command_parses():
   """The README's study command names the tool's real flags (its full run takes an hour)."""
   import re  # pylint: disable=import-outside-toplevel
   import shlex  # pylint: disable=import-outside-toplevel
-  with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
-    lines = [line for block in re.findall(r"```bash\n(.*?)```", f.read(), re.S)
-             for line in block.splitlines()
-             if line.startswith("python -m bertjax.tools.transfer_study")]
+  import docs_text  # pylint: disable=import-outside-toplevel
+  lines = [line for block in re.findall(r"```bash\n(.*?)```", docs_text.all_text(), re.S)
+           for line in block.splitlines()  # docs/pretraining.md's
+           if line.startswith("python -m bertjax.tools.transfer_study")]
   assert len(lines) == 1, lines
   args = transfer_study.make_parser().parse_args(shlex.split(lines[0])[3:])
   assert (args.pretrained, args.labels, args.seeds) == ("/tmp/bertjax_tiny", [250, 1000, 0],
