@@ -2,9 +2,9 @@
 
 Every file a run writes in WORKDIR is named once, here (the constants below); the model
 directory's files that a run writes there too, bert_config.json and the tokenizer's, are named by
-`bertjax.model_files`, which reads them back from any model directory; the tasks' prediction
-files by the tasks that write them (`bertjax.tasks.glue.EVAL_PREDICTIONS_FILE`, ner's, swag's,
-squad_answers': run_squad's names).
+`bertjax.modeldir.model_files`, which reads them back from any model directory; the tasks'
+prediction files by the tasks that write them (`bertjax.tasks.glue.EVAL_PREDICTIONS_FILE`,
+ner's, swag's, squad_answers': run_squad's names).
 
 Two runs on one workdir would interleave their checkpoints, logs and prepared data, so
 `bertjax.main` holds the workdir for the whole run, from before any work (data preparation writes

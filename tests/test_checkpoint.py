@@ -1,4 +1,5 @@
-"""Tests of bertjax.training.checkpoint and bertjax.training.init_params on a tiny flax model + optax
+"""Tests of bertjax.training.checkpoint and bertjax.modeldir.saved_params on a tiny flax model +
+optax
 state (CPU, a few seconds)."""
 import os
 import subprocess
@@ -13,7 +14,8 @@ import optax
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from bertjax.training import checkpoint, init_params, optim
+from bertjax.training import checkpoint, optim
+from bertjax.modeldir import layout, saved_params
 from bertjax.errors import UserError
 
 from conftest import tree_digest
@@ -146,7 +148,7 @@ def test_load_params_from_workdir_checkpoints_or_step(tmp_path, where):
   path = {"workdir": tmp_path, "checkpoints": tmp_path / "checkpoints",
           "step": tmp_path / "checkpoints" / "3"}[where]
   target = _state(seed=5)["params"]
-  params, report = init_params.load_params(path, target)
+  params, report = saved_params.load_params(path, target)
   _assert_trees_equal(params, saved["params"])  # the latest step, not step 1
   assert report.missing == [] and report.unused == []
   assert report.step_dir.endswith("3")
@@ -156,7 +158,7 @@ def test_load_params_reports_missing_and_unused(tmp_path):
   saved = _state(head="mlm", seed=1)
   _save(tmp_path / "checkpoints", [1], state=saved)
   target = _state(head="classifier", seed=7)["params"]
-  params, report = init_params.load_params(tmp_path, target)
+  params, report = saved_params.load_params(tmp_path, target)
   assert report.missing == ["classifier/bias", "classifier/kernel"]
   assert report.unused == ["mlm/bias", "mlm/kernel"]
   assert report.loaded == ["dense/bias", "dense/kernel", "layer_norm/bias", "layer_norm/scale"]
@@ -173,29 +175,29 @@ def test_load_params_keeps_a_head_of_other_shape_fresh_when_asked(tmp_path):
   _save(tmp_path / "checkpoints", [1], state=saved)
   target = _state(head="classifier", seed=7, outputs=3)["params"]
   with pytest.raises(UserError, match=r"classifier/kernel: \(4, 2\) in the checkpoint, \(4, 3\)"):
-    init_params.load_params(tmp_path, target)
-  params, report = init_params.load_params(tmp_path, target, fresh_on_mismatch=("classifier/",))
+    saved_params.load_params(tmp_path, target)
+  params, report = saved_params.load_params(tmp_path, target, fresh_on_mismatch=("classifier/",))
   assert report.replaced == ["classifier/bias", "classifier/kernel"] and report.missing == []
   assert report.loaded == ["dense/bias", "dense/kernel", "layer_norm/bias", "layer_norm/scale"]
   _assert_trees_equal(params["classifier"], target["classifier"])
   _assert_trees_equal(params["dense"], saved["params"]["dense"])
   with pytest.raises(UserError, match=r"dense/kernel: \(3, 4\) in the checkpoint, \(3, 6\)"):
-    init_params.load_params(tmp_path, _state(hidden=6, head="classifier", outputs=3)["params"],
+    saved_params.load_params(tmp_path, _state(hidden=6, head="classifier", outputs=3)["params"],
                            fresh_on_mismatch=("classifier/",))  # only the head may differ
 
 
 def test_load_params_shape_mismatch_and_bad_paths(tmp_path):
   _save(tmp_path / "checkpoints", [1])
   with pytest.raises(UserError, match=r"dense/kernel: \(3, 4\) in the checkpoint, \(3, 6\)"):
-    init_params.load_params(tmp_path, _state(hidden=6)["params"])
+    saved_params.load_params(tmp_path, _state(hidden=6)["params"])
   with pytest.raises(UserError, match="does not exist"):
-    init_params.load_params(tmp_path / "nowhere", _state()["params"])
+    saved_params.load_params(tmp_path / "nowhere", _state()["params"])
   (tmp_path / "empty").mkdir()
   with pytest.raises(UserError, match="no checkpoint found"):
-    init_params.load_params(tmp_path / "empty", _state()["params"])
+    saved_params.load_params(tmp_path / "empty", _state()["params"])
 
 
-_EMBEDDING, _BIAS = init_params.VOCAB_ROW_PARAMS  # [rows, hidden], [rows]
+_EMBEDDING, _BIAS = saved_params.VOCAB_ROW_PARAMS  # [rows, hidden], [rows]
 
 
 def _vocab_params(rows, seed=0, hidden=3):
@@ -214,7 +216,7 @@ def test_load_params_pads_or_strips_the_vocabulary_rows(tmp_path, saved_rows):
   saved = _vocab_params(saved_rows, seed=1)
   _save(tmp_path / "checkpoints", [1], state={"step": jnp.int32(1), "params": saved})
   target = _vocab_params(16, seed=2)
-  params, report = init_params.load_params(tmp_path, target, vocab_size=11)
+  params, report = saved_params.load_params(tmp_path, target, vocab_size=11)
   assert report.resized == [_EMBEDDING, _BIAS]
   assert report.loaded == sorted([_EMBEDDING, _BIAS, "dense/kernel"]) and report.replaced == []
   for path in (_EMBEDDING, _BIAS):
@@ -233,27 +235,28 @@ def test_load_params_other_vocabulary_is_still_a_mismatch(tmp_path):
   target = _vocab_params(16, seed=2)
   with pytest.raises(UserError, match=r"word_embeddings/embedding: \(10, 3\) in the checkpoint, "
                      r"\(16, 3\) in the model"):
-    init_params.load_params(tmp_path, target, vocab_size=11)
-  params, report = init_params.load_params(tmp_path, target, ("bert/", "masked_lm/"),
+    saved_params.load_params(tmp_path, target, vocab_size=11)
+  params, report = saved_params.load_params(tmp_path, target, ("bert/", "masked_lm/"),
                                           vocab_size=11)
   assert report.replaced == [_EMBEDDING, _BIAS] and report.resized == []
   _assert_trees_equal(params["masked_lm"], target["masked_lm"])
   with pytest.raises(UserError, match=r"output_bias: \(10,\) in the checkpoint, \(16,\)"):
-    init_params.load_params(tmp_path, target)  # no vocab_size: rows must match
+    saved_params.load_params(tmp_path, target)  # no vocab_size: rows must match
   with pytest.raises(UserError, match=r"word_embeddings/embedding: \(10, 3\) in the checkpoint, "
                      r"\(16, 4\) in the model"):
-    init_params.load_params(tmp_path, _vocab_params(16, hidden=4), vocab_size=10)
+    saved_params.load_params(tmp_path, _vocab_params(16, hidden=4), vocab_size=10)
 
 
 def _flat(tree):
-  return {checkpoint.path_str(p): x for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+  return {layout.path_str(p): x for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
 _TWO_DEVICES = textwrap.dedent("""
     import sys
     import jax, jax.numpy as jnp, numpy as np
     from jax.sharding import NamedSharding, PartitionSpec as P
-    from bertjax.training import checkpoint, init_params
+    from bertjax.training import checkpoint
+    from bertjax.modeldir import saved_params
     assert jax.device_count() == 2, jax.devices()
     mesh = jax.make_mesh((2,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
     rows, cols = NamedSharding(mesh, P("data", None)), NamedSharding(mesh, P(None, "data"))
@@ -268,7 +271,7 @@ _TWO_DEVICES = textwrap.dedent("""
     assert restored["params"]["w"].sharding == cols, restored["params"]["w"].sharding
     np.testing.assert_array_equal(restored["params"]["w"], value)
     assert position == {"index": 1}
-    params, report = init_params.load_params(sys.argv[1], {"w": jnp.zeros((4, 2))})
+    params, report = saved_params.load_params(sys.argv[1], {"w": jnp.zeros((4, 2))})
     np.testing.assert_array_equal(params["w"], value)
     # Vocabulary rows padded on load (3 real rows of 4 saved -> 6) keep the target's sharding.
     bias = {"masked_lm": {"output_bias": np.arange(1, 5, dtype=np.float32)}}
@@ -276,7 +279,7 @@ _TWO_DEVICES = textwrap.dedent("""
       checkpoints.save(1, {"params": bias, "step": jnp.int32(1)}, None)
     split = NamedSharding(mesh, P("data"))
     target = {"masked_lm": {"output_bias": jax.device_put(np.ones(6, np.float32), split)}}
-    params, report = init_params.load_params(sys.argv[2], target, vocab_size=3)
+    params, report = saved_params.load_params(sys.argv[2], target, vocab_size=3)
     loaded = params["masked_lm"]["output_bias"]
     assert report.resized == ["masked_lm/output_bias"] and loaded.sharding == split
     np.testing.assert_array_equal(loaded, [1, 2, 3, 0, 0, 0])

@@ -1,10 +1,11 @@
-"""Tests of bertjax.training.model_options: the compute dtype by backend and the run's BertConfig fields."""
+"""Tests of bertjax.modeldir.model_options: the compute dtype by backend and the run's BertConfig
+fields."""
 import re
 
 import ml_collections
 import pytest
 
-from bertjax.training import model_options
+from bertjax.modeldir import model_options
 from bertjax.configs import base, finetuning, tiny
 from bertjax.errors import UserError
 

@@ -27,7 +27,7 @@ import os
 import shutil
 import sys
 
-from bertjax import model_files
+from bertjax.modeldir import model_files
 from bertjax.convert import hf, hf_files, hf_modernbert, hf_rules
 from bertjax.convert import tf
 from bertjax.errors import UserError

@@ -14,7 +14,8 @@ What is converted (`from_hf`):
   - the pooler, the masked-LM head (`cls.predictions.*`) and the next-sentence head
     (`cls.seq_relationship.*`) when the checkpoint has them. Each of these groups must be whole
     or absent; an absent group is reported `missing` and left out of the parameters, so that
-    `bertjax.training.init_params.load_params` leaves it freshly initialised (BertForMaskedLM has no
+    `bertjax.modeldir.saved_params.load_params` leaves it freshly initialised (BertForMaskedLM has
+    no
     pooler and no NSP head; BertModel has no heads).
   - the MLM decoder is tied to the word embeddings in bertjax; a checkpoint that stores
     `cls.predictions.decoder.weight` (older ones do) must hold a copy of the word embeddings
@@ -50,9 +51,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
-from bertjax import model_files
+from bertjax.modeldir import model_files
 from bertjax.convert import hf_rules
-from bertjax.training import init_params
+from bertjax.modeldir import saved_params
 from bertjax.errors import UserError
 from bertjax.models import bilstm
 from bertjax.models.config import BertConfig
@@ -95,7 +96,7 @@ def expected_shapes(config: BertConfig, task: str | None = None,
                     num_labels: int = 2) -> dict[str, tuple[int, ...]]:
   """{path: shape} of every parameter of bertjax's BertForPreTraining (ModernBERT's without NSP),
   plus those of the head of `task` (a key of the config's table's task_heads) with `num_labels`
-  when given (no arrays built). The vocabulary-axis parameters (init_params.VOCAB_ROW_PARAMS)
+  when given (no arrays built). The vocabulary-axis parameters (saved_params.VOCAB_ROW_PARAMS)
   have padded_vocab_size rows."""
   table = hf_rules.table_of(config)
   shapes = _shapes(table.pretraining(config), jnp.zeros((1, 2), jnp.int32))
@@ -109,7 +110,7 @@ def expected_shapes(config: BertConfig, task: str | None = None,
 def _hf_shape(path: str, shape: tuple[int, ...], config: BertConfig) -> tuple[int, ...]:
   """The shape that a bertjax parameter of `shape` has in Hugging Face's layout, before the
   transpose: the vocabulary-axis parameters have vocab_size rows there, not padded_vocab_size."""
-  return (config.vocab_size,) + shape[1:] if path in init_params.VOCAB_ROW_PARAMS else shape
+  return (config.vocab_size,) + shape[1:] if path in saved_params.VOCAB_ROW_PARAMS else shape
 
 
 def from_hf(state_dict: dict[str, np.ndarray], config: BertConfig, task: str | None = None,
@@ -222,9 +223,9 @@ def from_hf(state_dict: dict[str, np.ndarray], config: BertConfig, task: str | N
         f"cannot convert the Hugging Face checkpoint ({len(problems)} problems): "
         f"{_listing(problems)}. Check that config.json belongs to these weights and that they "
         f"are {table.description}.")
-  for path in init_params.VOCAB_ROW_PARAMS:
+  for path in saved_params.VOCAB_ROW_PARAMS:
     if path in flat:  # [vocab_size, ...] -> [padded_vocab_size, ...], zero padding rows
-      flat[path] = init_params.vocab_rows(flat[path], config.vocab_size, expected[path][0])
+      flat[path] = saved_params.vocab_rows(flat[path], config.vocab_size, expected[path][0])
   report = ConversionReport(loaded=sorted(flat), missing=missing, ignored=ignored, task=task)
   return traverse_util.unflatten_dict(flat, sep="/"), report
 
@@ -313,8 +314,8 @@ def to_hf(params: dict[str, Any], config: BertConfig) -> dict[str, np.ndarray]:
     if value.shape != expected[path]:
       problems.append(f"{path} {value.shape}, the config expects {expected[path]}")
       continue
-    if path in init_params.VOCAB_ROW_PARAMS:  # [padded_vocab_size, ...] -> [vocab_size, ...]
-      value = init_params.vocab_rows(value, config.vocab_size, config.vocab_size)
+    if path in saved_params.VOCAB_ROW_PARAMS:  # [padded_vocab_size, ...] -> [vocab_size, ...]
+      value = saved_params.vocab_rows(value, config.vocab_size, config.vocab_size)
     for pattern, hf, transform, place, count in patterns:
       match = pattern.match(path)
       if match:
@@ -369,10 +370,10 @@ def load_bertjax_checkpoint(directory: str) -> tuple[dict[str, Any], BertConfig]
   it holds (hf_rules.TASK_HEADS) is read with the number of labels it was saved with. A
   checkpoint saved with other padding of the vocabulary axis (an unpadded one from before
   BertConfig had pad_vocab_to_multiple) is read with bert_config.json's padding
-  (`init_params.load_params`).
+  (`saved_params.load_params`).
   """
   config = model_files.load_bert_config(directory)
-  saved = init_params.saved_param_shapes(directory)
+  saved = saved_params.saved_param_shapes(directory)
   refuse_bilstm({path.split("/")[0] for path in saved})
   task, num_labels = None, 2
   for name, head in hf_rules.table_of(config).task_heads.items():
@@ -385,7 +386,7 @@ def load_bertjax_checkpoint(directory: str) -> tuple[dict[str, Any], BertConfig]
   shapes = expected_shapes(config, task, num_labels)
   target = traverse_util.unflatten_dict(
       {p: jnp.zeros(s, config.storage_dtype) for p, s in shapes.items()}, sep="/")
-  params, report = init_params.load_params(directory, target, vocab_size=config.vocab_size)
+  params, report = saved_params.load_params(directory, target, vocab_size=config.vocab_size)
   flat = traverse_util.flatten_dict(params, sep="/")
   missing = set(report.missing)
   kept = {p: np.asarray(x, np.float32) for p, x in flat.items() if p not in missing}

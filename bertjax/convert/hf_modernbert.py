@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from bertjax import model_files
+from bertjax.modeldir import model_files
 from bertjax.errors import UserError
 from bertjax.models.config import BertConfig
 

@@ -42,7 +42,8 @@ from typing import Any
 
 import numpy as np
 
-from bertjax import model_files, tokenization
+from bertjax import tokenization
+from bertjax.modeldir import model_files
 from bertjax.convert import hf, hf_rules
 from bertjax.errors import UserError
 from bertjax.models.config import BertConfig

@@ -5,7 +5,8 @@ configuration it cannot run: the attention path (`ATTENTIONS`; the fused ones, `
 apply no attention dropout), the activation checkpointing (`REMATS`), the compute and storage
 dtypes and the activation are checked by name here. `bertjax.models.attention` resolves 'auto'
 to a path; `bertjax.models.bert` builds the modules from the config. bert_config.json
-(`bertjax.model_files`) holds these fields, so a field's name and meaning are a file format.
+(`bertjax.modeldir.model_files`) holds these fields, so a field's name and meaning are a file
+format.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Each head is a module on the encoder's output, and each `BertFor*` model is the encoder under
 'bert' plus its head(s) under a fixed name, so one checkpoint can hold any of them and
-`bertjax.training.init_params.load_params` matches them by path.
+`bertjax.modeldir.saved_params.load_params` matches them by path.
 
 Parameter tree of `BertForPreTraining` (logical axis names in parentheses; see
 `bertjax.models.bert` for the encoder under 'bert' and the meaning of the names):

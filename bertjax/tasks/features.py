@@ -27,8 +27,9 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from bertjax import model_files, tokenization
-from bertjax.training import init_params
+from bertjax import tokenization
+from bertjax.modeldir import model_files
+from bertjax.modeldir import saved_params
 from bertjax.data.finetuning.glue import truncated_lengths
 from bertjax.errors import UserError
 from bertjax.models import heads
@@ -127,7 +128,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> str:
   target = jax.eval_shape(lambda: nn.unbox(model.init(jax.random.PRNGKey(0), dummy, dummy,
                                                       dummy, deterministic=True))["params"])
   target = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), target)
-  params, report = init_params.load_params(config.init_checkpoint, target,
+  params, report = saved_params.load_params(config.init_checkpoint, target,
                                           vocab_size=bert_config.vocab_size)
   lacking = [p for p in report.missing if p.startswith("bert/") and not
              p.startswith(("bert/pooler/", "bert/head/"))]

@@ -57,8 +57,10 @@ import ml_collections
 import numpy as np
 from etils import epath
 
-from bertjax import model_files, tokenization
-from bertjax.training import compile_ahead, model_options, parallel, steps, train
+from bertjax import tokenization
+from bertjax.modeldir import model_files
+from bertjax.training import compile_ahead, parallel, steps, train
+from bertjax.modeldir import model_options
 from bertjax.training import task as task_lib
 from bertjax.data.pipeline import FeatureBatches, example_lengths
 from bertjax.errors import UserError

@@ -44,7 +44,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from bertjax import model_files
+from bertjax.modeldir import model_files
 from bertjax.data.pretraining import loader, masking
 from bertjax.errors import UserError
 from bertjax.models import heads

@@ -12,7 +12,7 @@ import ml_collections
 
 from bertjax.errors import UserError
 from bertjax.models import config as bert_configs
-from bertjax.training import model_options
+from bertjax.modeldir import model_options
 
 OBJECTIVES = ("mlm", "ltr")  # config.pretraining.objective: masked LM, left-to-right LM
 # config.model fields only architecture=modernbert reads (bertjax.models.config.BertConfig).

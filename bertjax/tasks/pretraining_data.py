@@ -16,12 +16,13 @@ import jax
 from jax.experimental import multihost_utils
 import ml_collections
 
-from bertjax import model_files, tokenization
+from bertjax import tokenization
+from bertjax.modeldir import model_files
 from bertjax.data import sources
 from bertjax.data.pretraining import layout, loader, preparation
 from bertjax.errors import UserError
 from bertjax.tasks.pretraining_config import is_left_to_right, uses_nsp
-from bertjax.training import init_params
+from bertjax.modeldir import saved_params
 from bertjax.workdir import DATA_DIR
 
 
@@ -66,7 +67,7 @@ def check_vocabulary(config: ml_collections.ConfigDict) -> None:
   the embeddings then stands for another piece)."""
   if not config.init_checkpoint:
     return
-  init_params.find_step_dir(config.init_checkpoint)  # a missing or empty path, named now
+  saved_params.find_step_dir(config.init_checkpoint)  # a missing or empty path, named now
   given, theirs = config.data.vocab_model, checkpoint_vocabulary(config)
   if not given or not theirs:
     return

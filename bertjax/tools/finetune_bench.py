@@ -53,7 +53,8 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from bertjax import model_files, tokenization
+from bertjax import tokenization
+from bertjax.modeldir import model_files
 from bertjax.convert import __main__ as convert
 from bertjax.data.finetuning import glue as glue_data
 from bertjax.data.finetuning import movie_reviews

@@ -38,7 +38,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from bertjax import model_files
+from bertjax.modeldir import model_files
 from bertjax.data.finetuning import movie_reviews
 from bertjax.models import heads
 from bertjax.training import curves

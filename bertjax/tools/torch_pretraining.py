@@ -39,7 +39,7 @@ import numpy as np
 import torch
 import transformers
 
-from bertjax import model_files
+from bertjax.modeldir import model_files
 from bertjax.configs import tiny
 from bertjax.convert import hf, hf_files
 from bertjax.errors import UserError

@@ -30,7 +30,7 @@ import sys
 
 import numpy as np
 
-from bertjax import model_files
+from bertjax.modeldir import model_files
 from bertjax.data.finetuning import movie_reviews
 from bertjax.tools import real_text_demo, torch_pretraining
 

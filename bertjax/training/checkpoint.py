@@ -1,14 +1,11 @@
 """The checkpoints of one run: save the train state and data position, resume from the newest.
 
-On-disk layout (orbax-checkpoint `CheckpointManager`, one directory per step; the directory's
-name is `bertjax.workdir.CHECKPOINTS_DIR`, the item names are STATE_ITEM and DATA_ITEM):
-
-  WORKDIR/checkpoints/<step>/state/           the train state, a pytree of arrays (orbax OCDBT)
-  WORKDIR/checkpoints/<step>/data_position/   {"data_position": <JSON>} where the data stopped,
-                                              and "prng_impl": the run's train.prng_impl
+On-disk layout: orbax-checkpoint's `CheckpointManager`, one directory per step under
+WORKDIR/`bertjax.workdir.CHECKPOINTS_DIR`, each laid out as `bertjax.modeldir.layout` says (the
+train state, and the data position with the run's train.prng_impl).
 
 The train state is the trainer's plain dict `{'step', 'params', 'opt_state', 'rng'}`; anything
-that is a pytree of arrays can be saved, but `bertjax.training.init_params.load_params` (which
+that is a pytree of arrays can be saved, but `bertjax.modeldir.saved_params.load_params` (which
 starts another run from it) reads the `params` entry, so a state meant to initialise other runs
 must keep its parameters under the key 'params' (a nested dict of arrays, as a linen model's
 "params" collection).
@@ -19,7 +16,7 @@ touched. So is one saved with another PRNG (train.prng_impl; checkpoints that pr
 record were all threefry) than the run resuming it.
 
 Faults (each one line for the user, a `UserError` or a warning, instead of orbax's tracebacks;
-`bertjax.training.checkpoint_faults` recognises them and keeps orbax's echoes off stderr):
+`bertjax.modeldir.checkpoint_faults` recognises them and keeps orbax's echoes off stderr):
 
 * A checkpoint that does not read back whole (a truncated or missing file, missing metadata):
   `resume` warns, moves it aside as `<step>.corrupt-<time>` (outside orbax's step listing, kept
@@ -43,67 +40,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from bertjax.errors import UserError
-from bertjax.training import checkpoint_faults
-
-STATE_ITEM = "state"
-DATA_ITEM = "data_position"
-_MAX_LISTED = 5  # differences named in an error message
-
-
-def _handlers() -> dict[str, ocp.CheckpointHandler]:
-  return {STATE_ITEM: ocp.StandardCheckpointHandler(), DATA_ITEM: ocp.JsonCheckpointHandler()}
-
-
-def _key_name(key: Any) -> str:
-  """One step of a key path as text. Dict keys, sequence indices and attribute names all map to
-  their plain name, because orbax's metadata stores tuples as lists and namedtuples (optax
-  states) as dicts keyed by field name."""
-  for attr in ("key", "idx", "name"):
-    if hasattr(key, attr):
-      return str(getattr(key, attr))
-  return str(key)
-
-
-def path_str(path: Sequence[Any]) -> str:
-  """A key path as 'params/bert/layer_0/attention/query/kernel'."""
-  return "/".join(_key_name(k) for k in path)
-
-
-def flat_shapes(tree: Any) -> dict[str, tuple[int, ...]]:
-  """{path: shape} for every leaf of a pytree of arrays, ShapeDtypeStructs or orbax metadata."""
-  return {path_str(path): tuple(getattr(leaf, "shape", ()))
-          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
-
-
-def shape_differences(saved: dict[str, tuple[int, ...]],
-                      expected: dict[str, tuple[int, ...]]) -> list[str]:
-  """Human-readable differences between two {path: shape} maps; parameters ('params/...')
-  first, so that an error message names them before their optimizer moments."""
-  diffs = []
-  for path in sorted(saved.keys() | expected.keys(), key=lambda p: (not p.startswith("params"), p)):
-    if path not in expected:
-      diffs.append(f"{path}: {saved[path]} in the checkpoint, absent from the model")
-    elif path not in saved:
-      diffs.append(f"{path}: {expected[path]} in the model, absent from the checkpoint")
-    elif saved[path] != expected[path]:
-      diffs.append(f"{path}: {saved[path]} in the checkpoint, {expected[path]} in the model")
-  return diffs
-
-
-def listing(diffs: list[str]) -> str:
-  """The first few of `diffs` for an error message, "; "-joined, then how many more there are."""
-  more = f"; and {len(diffs) - _MAX_LISTED} more" if len(diffs) > _MAX_LISTED else ""
-  return "; ".join(diffs[:_MAX_LISTED]) + more
-
-
-def with_default_sharding(abstract: Any) -> Any:
-  """ShapeDtypeStructs without a sharding get the first local device (orbax would otherwise
-  restore them as numpy arrays)."""
-  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-  return jax.tree.map(
-      lambda x: x if getattr(x, "sharding", None) is not None
-      else jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), abstract)
-
+from bertjax.modeldir import checkpoint_faults, layout
 
 def _on_every_host(ok: bool) -> bool:
   """Whether `ok` holds on every process (a collective: all processes must call it)."""
@@ -181,7 +118,7 @@ class Checkpoints:
     options = ocp.CheckpointManagerOptions(
         save_decision_policy=ocp.checkpoint_managers.FixedIntervalPolicy(save_every_steps),
         max_to_keep=keep, create=False, enable_async_checkpointing=async_save)
-    self._manager = _Manager(self.directory, item_handlers=_handlers(), options=options)
+    self._manager = _Manager(self.directory, item_handlers=layout.handlers(), options=options)
 
   def latest_step(self) -> int | None:
     """The newest saved step, None if there is none."""
@@ -220,7 +157,8 @@ class Checkpoints:
     try:
       started = self._manager.save(
           step, force=True, args=ocp.args.Composite(**{
-              STATE_ITEM: ocp.args.StandardSave(state), DATA_ITEM: ocp.args.JsonSave(recorded)}))
+              layout.STATE_ITEM: ocp.args.StandardSave(state),
+              layout.DATA_ITEM: ocp.args.JsonSave(recorded)}))
     except Exception as e:  # pylint: disable=broad-except
       if not checkpoint_faults.is_disk_full(e):
         raise
@@ -265,16 +203,18 @@ class Checkpoints:
     """Raises UserError unless the saved state at `step` has exactly the keys and shapes of
     `abstract_state`. Reads only metadata (missing or unreadable metadata raises what orbax
     raises: FileNotFoundError, json.JSONDecodeError, ...)."""
-    saved = ocp.StandardCheckpointHandler().metadata(self._step_dir(step) / STATE_ITEM)
+    saved = ocp.StandardCheckpointHandler().metadata(self._step_dir(step) / layout.STATE_ITEM)
     saved = getattr(saved, "tree", saved)
     if not saved:
-      raise FileNotFoundError(f"no arrays named in {self._step_dir(step) / STATE_ITEM}/_METADATA")
-    diffs = shape_differences(flat_shapes(saved), flat_shapes(abstract_state))
+      raise FileNotFoundError(
+          f"no arrays named in {self._step_dir(step) / layout.STATE_ITEM}/_METADATA")
+    diffs = layout.shape_differences(layout.flat_shapes(saved),
+                                     layout.flat_shapes(abstract_state))
     if diffs:
       raise UserError(
           f"the checkpoint at step {step} in {self.directory} does not match the model "
-          f"({len(diffs)} differences): {listing(diffs)}. This workdir holds a checkpoint of a "
-          "different model; use a new --workdir or the matching config. Nothing was changed.")
+          f"({len(diffs)} differences): {layout.listing(diffs)}. This workdir holds a checkpoint "
+          "of a different model; use a new --workdir or the matching config. Nothing was changed.")
 
   def restore(self, abstract_state: Any, step: int | None = None) -> tuple[Any, Any]:
     """Restores the state and data position of `step` (default: the latest).
@@ -315,11 +255,11 @@ class Checkpoints:
     handler = ocp.StandardCheckpointHandler()
     try:
       with checkpoint_faults.reading():
-        position = ocp.JsonCheckpointHandler().restore(step_dir / DATA_ITEM)
+        position = ocp.JsonCheckpointHandler().restore(step_dir / layout.DATA_ITEM)
         self._check_prng_impl(position.get("prng_impl", "threefry"), step)
         self.check_compatible(abstract_state, step)
-        restore = ocp.args.StandardRestore(with_default_sharding(abstract_state))
-        state = handler.restore(step_dir / STATE_ITEM, args=restore)
+        restore = ocp.args.StandardRestore(layout.with_default_sharding(abstract_state))
+        state = handler.restore(step_dir / layout.STATE_ITEM, args=restore)
     finally:
       handler.close()
     return state, position["data_position"]

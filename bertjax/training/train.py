@@ -26,8 +26,9 @@ import tqdm
 from etils import epath
 
 from bertjax.errors import UserError
-from bertjax.training import (checkpoint, checkpoint_faults, compile_ahead, divergence,
-                              init_params, model_options, parallel, preemption, reports, steps)
+from bertjax.training import (checkpoint, compile_ahead, divergence, parallel, preemption,
+                              reports, steps)
+from bertjax.modeldir import checkpoint_faults, model_options, saved_params
 from bertjax.training import task as task_lib
 from bertjax.workdir import CHECKPOINTS_DIR, CONFIG_FILE
 
@@ -67,7 +68,7 @@ def restore_or_init(config: ml_collections.ConfigDict, setup: steps.Setup,
   state = setup.init_state()
   if config.init_checkpoint:
     head = [name for name in state["params"] if name != "bert"]
-    params, report = init_params.load_params(config.init_checkpoint, state["params"],
+    params, report = saved_params.load_params(config.init_checkpoint, state["params"],
                                              fresh_on_mismatch=tuple(f"{h}/" for h in head),
                                              vocab_size=vocab_size)
     print(f"init_checkpoint: {len(report.loaded)} parameters from {report.step_dir}")

@@ -4,8 +4,8 @@
                          JSON; vocab_size is the real vocabulary, pad_vocab_to_multiple gives
                          the rows of the saved embedding table and MLM bias, causal whether the
                          model attends left to right only (a file without it: false)
-  DIR/checkpoints/       orbax checkpoints (bertjax.training.checkpoint); `params` holds the
-                         weights that `bertjax.training.init_params` loads
+  DIR/checkpoints/       orbax step directories (`bertjax.modeldir.layout`); `params` holds
+                         the weights that `bertjax.modeldir.saved_params` loads
   DIR/vocab.txt or DIR/vocab.model or DIR/tokenizer.json, DIR/tokenizer_config.json, ...
                          the tokenizer: WordPiece (vocab.txt, maybe with Hugging Face's
                          tokenizer.json beside it), sentencepiece, or a byte-level BPE
@@ -25,11 +25,13 @@ from typing import Any, Iterable
 
 import jax
 import jax.numpy as jnp
+import orbax.checkpoint as ocp
+from etils import epath
 
 from bertjax import tokenization, workdir
 from bertjax.errors import UserError
 from bertjax.models.config import BertConfig
-from bertjax.training import checkpoint
+from bertjax.modeldir import checkpoint_faults, layout
 
 BERT_CONFIG_FILE = "bert_config.json"
 # Tokenizer files a model directory may hold (Google's, Hugging Face's and sentencepiece's names):
@@ -55,7 +57,7 @@ def load_bert_config(directory: str) -> BertConfig:
 
   RUN_CHOICES found there are ignored (BertConfig's defaults; the run sets its own). A file
   without pad_vocab_to_multiple (written before bertjax padded the vocabulary) gets BertConfig's
-  default; `init_params.load_params(..., vocab_size=...)` pads its unpadded weights on load.
+  default; `saved_params.load_params(..., vocab_size=...)` pads its unpadded weights on load.
   """
   path = os.path.join(directory, BERT_CONFIG_FILE)
   if not os.path.isfile(path):
@@ -112,15 +114,32 @@ def save_model_dir(out_dir: str, params: dict[str, Any], config: BertConfig,
                    tokenizer_paths: Iterable[str] = ()) -> None:
   """Writes a model directory that `config.init_checkpoint=OUT` can start from.
 
-  OUT/checkpoints/0/state: {'step': int32 0, 'params': params}
-  (bertjax.training.checkpoint.Checkpoints); OUT/bert_config.json: the BertConfig fields; and each
-  of `tokenizer_paths` copied into OUT.
+  OUT/checkpoints/0: {'step': int32 0, 'params': params} and no data position
+  (`bertjax.modeldir.layout`); OUT/bert_config.json: the BertConfig fields; and each of
+  `tokenizer_paths` copied into OUT. A step 0 already there is kept, not overwritten.
+
+  Raises:
+    UserError: the disk is full (the partial step directory is removed).
   """
   os.makedirs(out_dir, exist_ok=True)
   state = {"step": jnp.asarray(0, jnp.int32), "params": jax.tree.map(jnp.asarray, params)}
-  with checkpoint.Checkpoints(os.path.join(os.path.abspath(out_dir), workdir.CHECKPOINTS_DIR),
-                              save_every_steps=1, keep=None, async_save=False) as ckpts:
-    ckpts.save(0, state, None, force=True)
+  directory = os.path.join(os.path.abspath(out_dir), workdir.CHECKPOINTS_DIR)
+  checkpoint_faults.install_quiet_failures()
+  options = ocp.CheckpointManagerOptions(create=True, enable_async_checkpointing=False)
+  with ocp.CheckpointManager(directory, item_handlers=layout.handlers(),
+                             options=options) as manager:
+    try:
+      manager.save(0, force=True, args=ocp.args.Composite(**{
+          layout.STATE_ITEM: ocp.args.StandardSave(state),
+          layout.DATA_ITEM: ocp.args.JsonSave({"data_position": None})}))
+      manager.wait_until_finished()
+    except Exception as e:  # pylint: disable=broad-except
+      if not checkpoint_faults.is_disk_full(e):
+        raise
+      checkpoint_faults.remove_partial_saves(epath.Path(directory))
+      raise UserError(f"the disk holding {out_dir} is full ({checkpoint_faults.reason(e)}): "
+                      "the model's parameters could not be written (the partial directory is "
+                      "removed). Free space on that disk and run the same command again.") from e
   with open(os.path.join(out_dir, BERT_CONFIG_FILE), "w", encoding="utf-8") as f:
     f.write(bert_config_json(config))
   for path in tokenizer_paths:

@@ -1,7 +1,8 @@
-"""Starting a run from another run's parameters: `config.init_checkpoint`, read by path.
+"""Parameters read by path from a checkpoint or a model directory: what `config.init_checkpoint`
+starts a run from.
 
 A checkpoint of any bertjax run, or a model directory that `python -m bertjax.convert` wrote
-(`bertjax.model_files`), can initialise another run: `load_params` reads only the `params`
+(`bertjax.modeldir.model_files`), can initialise another run: `load_params` reads only the `params`
 entry of its saved train state (no optimizer state, step or rng) and puts each parameter in the
 place of the same path in the new model's freshly initialised parameters. What the new model
 has and the checkpoint lacks (a new task head) keeps its fresh value; what the checkpoint has
@@ -10,7 +11,7 @@ of the same path and another shape is a `UserError`, except under `fresh_on_mism
 the padding rows of the vocabulary-axis parameters (`VOCAB_ROW_PARAMS`). `LoadReport` says
 which parameters went which way.
 
-The checkpoint's layout is `bertjax.training.checkpoint`'s; `find_step_dir` finds the step in a
+The checkpoint's layout is `bertjax.modeldir.layout`'s; `find_step_dir` finds the step in a
 workdir, its checkpoints/ directory or a step directory.
 """
 from __future__ import annotations
@@ -27,7 +28,7 @@ from flax import traverse_util
 
 from bertjax import workdir
 from bertjax.errors import UserError
-from bertjax.training import checkpoint
+from bertjax.modeldir import layout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,11 +96,11 @@ def find_step_dir(path: epath.PathLike) -> epath.Path:
   if not path.exists():
     raise UserError(f"checkpoint path {path} does not exist; set --config.init_checkpoint to a "
                     "workdir, its checkpoints/ directory or one step directory in it.")
-  if (path / checkpoint.STATE_ITEM).is_dir():
+  if (path / layout.STATE_ITEM).is_dir():
     return path
   root = path / workdir.CHECKPOINTS_DIR if (path / workdir.CHECKPOINTS_DIR).is_dir() else path
   latest = ocp.step.latest_step_metadata(root, ocp.step.standard_name_format())
-  if latest is None or not (latest.path / checkpoint.STATE_ITEM).is_dir():
+  if latest is None or not (latest.path / layout.STATE_ITEM).is_dir():
     raise UserError(f"no checkpoint found in {path}; give a workdir, its checkpoints/ "
                     "directory or one step directory (one that holds state/).")
   return latest.path
@@ -113,12 +114,12 @@ def saved_param_shapes(path: epath.PathLike) -> dict[str, tuple[int, ...]]:
     UserError: no checkpoint at `path`, or no 'params' in it.
   """
   step_dir = find_step_dir(path)
-  metadata = ocp.StandardCheckpointHandler().metadata(step_dir / checkpoint.STATE_ITEM)
+  metadata = ocp.StandardCheckpointHandler().metadata(step_dir / layout.STATE_ITEM)
   saved_tree = getattr(metadata, "tree", metadata)
   if not isinstance(saved_tree, dict) or "params" not in saved_tree:
     raise UserError(f"{step_dir} holds no 'params' in its saved state; init_checkpoint must be a "
                     "bertjax checkpoint (convert other formats first).")
-  return {checkpoint.path_str(p): tuple(m.shape)
+  return {layout.path_str(p): tuple(m.shape)
           for p, m in jax.tree_util.tree_flatten_with_path(saved_tree["params"])[0]}
 
 
@@ -166,7 +167,7 @@ def load_params(path: epath.PathLike, target_params: Any,
   if mismatched:
     raise UserError(
         f"init_checkpoint {step_dir} has parameters whose shapes differ from the model "
-        f"({len(mismatched)}): {checkpoint.listing(mismatched)}. Use a checkpoint of a model of "
+        f"({len(mismatched)}): {layout.listing(mismatched)}. Use a checkpoint of a model of "
         "the same size, or set the model config (vocab, hidden size, layers, ...) to match it.")
   loaded = sorted(saved.keys() & expected.keys() - set(replaced))
   missing = sorted(expected.keys() - saved.keys())
@@ -182,10 +183,10 @@ def load_params(path: epath.PathLike, target_params: Any,
       return jax.ShapeDtypeStruct(saved[p], x.dtype)
     return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None))
 
-  item = {"params": checkpoint.with_default_sharding(traverse_util.unflatten_dict(
+  item = {"params": layout.with_default_sharding(traverse_util.unflatten_dict(
       {p: abstract(p) for p in loaded}, sep="/"))}
   restored = ocp.PyTreeCheckpointer().restore(
-      step_dir / checkpoint.STATE_ITEM,
+      step_dir / layout.STATE_ITEM,
       args=ocp.args.PyTreeRestore(item=item,
                                   restore_args=ocp.checkpoint_utils.construct_restore_args(item),
                                   partial_restore=True))
