@@ -24,7 +24,8 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE_DIR
   jax.config.update("jax_compilation_cache_dir", _CACHE_DIR)
 
-from bertjax import model_files, tokenization
+from bertjax import tokenization
+from bertjax.modeldir import model_files
 from bertjax.data import sources
 from bertjax.models import heads
 from bertjax.models.config import BertConfig, bert_config

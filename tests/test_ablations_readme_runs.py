@@ -16,7 +16,8 @@ import orbax.checkpoint as ocp
 import pytest
 from flax import traverse_util
 
-from bertjax import model_files, tasks
+from bertjax import tasks
+from bertjax.modeldir import model_files
 from bertjax.convert import __main__ as convert_cli
 from bertjax.convert import hf
 from bertjax.data.finetuning import movie_reviews

@@ -20,8 +20,9 @@ import pytest
 import squad_helpers
 import test_ner
 import test_swag
-from bertjax import model_files
-from bertjax.training import init_params, parallel, steps
+from bertjax.modeldir import model_files
+from bertjax.training import parallel, steps
+from bertjax.modeldir import saved_params
 from bertjax.convert import hf
 from bertjax.errors import UserError
 from bertjax.models import bert, bilstm, heads
@@ -195,7 +196,7 @@ def test_bilstm_on_top_trains_every_head_kind(kind, model_dir, data_dir, tmp_pat
   batch = parallel.global_batch(first, setup.mesh)
   fresh = random_params(task.model, *(first[k] for k in task.model.batch_keys),
                         deterministic=True, scale=0.1)
-  params, report = init_params.load_params(model_dir, fresh,
+  params, report = saved_params.load_params(model_dir, fresh,
                                           vocab_size=task.model.config.vocab_size)
   assert sorted(params) == ["bert", "bilstm", HEAD_KINDS[kind]]
   assert "pooler" not in params["bert"]

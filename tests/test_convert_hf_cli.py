@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import transformers
 
-from bertjax import model_files
-from bertjax.training import init_params
+from bertjax.modeldir import model_files
+from bertjax.modeldir import saved_params
 from bertjax.convert import __main__ as cli
 from bertjax.convert import hf, hf_files
 from convert_hf_helpers import (VOCAB, _assert_trees_equal, _batch, _fresh_params, _save_hf,
@@ -36,7 +36,7 @@ def test_cli_from_hf_then_load_params_then_to_hf(tmp_path, pretraining, capsys):
   config = model_files.load_bert_config(str(out))
   assert config == hf_files.hf_config_to_bert_config(hf_files.load_hf_config(directory))
   converted, _ = hf.from_hf(hf_files.load_hf_state_dict(directory), config)
-  loaded, report = init_params.load_params(str(out), jax.tree.map(jnp.asarray,
+  loaded, report = saved_params.load_params(str(out), jax.tree.map(jnp.asarray,
                                                                  _fresh_params(config)))
   assert report.missing == [] and report.unused == []
   _assert_trees_equal(loaded, converted)
@@ -60,7 +60,7 @@ def test_masked_lm_checkpoint_loads_with_fresh_nsp_and_pooler(tmp_path):
   cli.from_hf_dir(directory, str(tmp_path / "out"))
   config = model_files.load_bert_config(str(tmp_path / "out"))
   fresh = jax.tree.map(jnp.asarray, _fresh_params(config))
-  loaded, report = init_params.load_params(str(tmp_path / "out"), fresh)
+  loaded, report = saved_params.load_params(str(tmp_path / "out"), fresh)
   assert report.missing == ["bert/pooler/dense/bias", "bert/pooler/dense/kernel",
                             "next_sentence/classifier/bias", "next_sentence/classifier/kernel"]
   np.testing.assert_array_equal(loaded["next_sentence"]["classifier"]["kernel"],

@@ -10,8 +10,8 @@ import pytest
 import torch
 import transformers
 
-from bertjax import model_files
-from bertjax.training import init_params
+from bertjax.modeldir import model_files
+from bertjax.modeldir import saved_params
 from bertjax.convert import __main__ as cli
 from bertjax.convert import hf, hf_files
 from bertjax.models.config import BertConfig
@@ -66,7 +66,7 @@ def test_odd_vocab_round_trips_through_the_cli(tmp_path, odd_vocab):
   cli.from_hf_dir(directory, str(out))
   saved = json.loads((out / "bert_config.json").read_text())
   assert (saved["vocab_size"], saved["pad_vocab_to_multiple"]) == (ODD_VOCAB, 128)
-  shapes = init_params.saved_param_shapes(str(out))
+  shapes = saved_params.saved_param_shapes(str(out))
   assert shapes["bert/embeddings/word_embeddings/embedding"] == (1024, 32)
   assert shapes["masked_lm/output_bias"] == (1024,)
   assert cli.to_hf_dir(str(out), str(back)) == "BertForPreTraining"

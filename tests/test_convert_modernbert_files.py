@@ -25,11 +25,12 @@ from safetensors.numpy import load_file
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from bertjax import model_files, tokenization
+from bertjax import tokenization
+from bertjax.modeldir import model_files
 from bertjax.convert import __main__ as cli
 from bertjax.convert import hf, hf_files, hf_modernbert, hf_rules
 from bertjax.errors import UserError
-from bertjax.training import init_params
+from bertjax.modeldir import saved_params
 from convert_modernbert_helpers import (HF_CLASSES, NUM_LABELS, SPECIALS, hf_config, hf_model,
                                         padded_batch, state_dict)
 from test_readme import ROOT, _readme_commands
@@ -86,7 +87,7 @@ def _random_params(config, task=None, num_labels=2, bare=False):
   shapes = hf.expected_shapes(config, task, num_labels)
   flat = {p: rng.randn(*s).astype(np.float32) for p, s in shapes.items()
           if not (bare and (p.startswith("bert/head/") or p.startswith("masked_lm/")))}
-  for path in init_params.VOCAB_ROW_PARAMS:
+  for path in saved_params.VOCAB_ROW_PARAMS:
     if path in flat:  # padding rows are zero in bertjax's init and in from_hf's output
       flat[path][config.vocab_size:] = 0
   return traverse_util.unflatten_dict(flat, sep="/")

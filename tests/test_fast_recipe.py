@@ -16,12 +16,12 @@ import ml_collections
 import numpy as np
 import pytest
 
-from bertjax import model_files
+from bertjax.modeldir import model_files
 from bertjax.configs import base, large, tiny
 from bertjax.models import heads
 from bertjax.models.config import BertConfig
 from bertjax.tasks import pretraining
-from bertjax.training import model_options
+from bertjax.modeldir import model_options
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

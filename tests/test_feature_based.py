@@ -24,8 +24,9 @@ from flax import traverse_util
 
 import docs_text
 import test_ner
-from bertjax import model_files
-from bertjax.training import init_params, optim
+from bertjax.modeldir import model_files
+from bertjax.training import optim
+from bertjax.modeldir import saved_params
 from bertjax import tasks
 from bertjax.errors import UserError
 from bertjax.models import bert, bilstm, feature_based, heads
@@ -261,22 +262,22 @@ def test_feature_based_ner_learns_with_the_encoder_unchanged(model_dir, conll_di
   assert (workdir / ner.EVAL_PREDICTIONS_FILE).is_file()
 
   pretrained = traverse_util.flatten_dict(
-      init_params.load_params(model_dir, {"bert": _zeros_of(model_dir)})[0], sep="/")
-  trained, report = init_params.load_params(str(workdir), traverse_util.unflatten_dict(
+      saved_params.load_params(model_dir, {"bert": _zeros_of(model_dir)})[0], sep="/")
+  trained, report = saved_params.load_params(str(workdir), traverse_util.unflatten_dict(
       {p: jnp.zeros_like(x) for p, x in pretrained.items()}, sep="/"))
   trained = traverse_util.flatten_dict(trained, sep="/")
   assert sorted(report.missing) == sorted(p for p in pretrained if "/pooler/" in p)
   assert len(report.loaded) > 30
   for path in report.loaded:
     np.testing.assert_array_equal(trained[path], pretrained[path], err_msg=path)
-  saved = init_params.saved_param_shapes(str(workdir))
+  saved = saved_params.saved_param_shapes(str(workdir))
   assert {p.split("/")[0] for p in saved} == {"bert", "bilstm", "token_tagging"}
   assert saved["bilstm/layer_0/forward/ii/kernel"] == (4 * 32, 64)  # the last four, 4 H wide
 
 
 def _zeros_of(model_dir):
   """Zeros shaped as the encoder ('bert') saved in model_dir."""
-  shapes = {p[len("bert/"):]: s for p, s in init_params.saved_param_shapes(model_dir).items()
+  shapes = {p[len("bert/"):]: s for p, s in saved_params.saved_param_shapes(model_dir).items()
             if p.startswith("bert/")}
   return traverse_util.unflatten_dict({p: jnp.zeros(s) for p, s in shapes.items()}, sep="/")
 

@@ -11,7 +11,8 @@ import pytest
 import torch
 import transformers
 
-from bertjax import model_files, tokenization
+from bertjax import tokenization
+from bertjax.modeldir import model_files
 from bertjax.convert import __main__ as convert_cli
 from bertjax.data import sources
 from bertjax.tasks import features

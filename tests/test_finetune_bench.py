@@ -13,7 +13,7 @@ from bertjax.tools import finetune_bench, finetune_bench_torch
 from bertjax.configs import glue as glue_config
 from bertjax.convert import hf
 from bertjax.data.finetuning import glue as glue_data
-from bertjax import model_files
+from bertjax.modeldir import model_files
 
 
 @pytest.fixture(scope="module")

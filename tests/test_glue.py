@@ -18,7 +18,8 @@ import torch
 import transformers
 from conftest import GLUE_VOCAB
 
-from bertjax import metrics, model_files
+from bertjax import metrics
+from bertjax.modeldir import model_files
 from bertjax.convert import __main__ as convert_cli
 from bertjax.data.finetuning import glue as glue_data
 from bertjax.errors import UserError

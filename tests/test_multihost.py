@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from bertjax.training import init_params
+from bertjax.modeldir import saved_params
 
 from conftest import write_chapters
 
@@ -96,8 +96,8 @@ def _params(workdir, step):
   step_dir = os.path.join(workdir, "checkpoints", str(step))
   target = traverse_util.unflatten_dict(
       {path: jax.ShapeDtypeStruct(shape, np.float32)
-       for path, shape in init_params.saved_param_shapes(step_dir).items()}, sep="/")
-  return jax.tree.map(np.asarray, init_params.load_params(step_dir, target)[0])
+       for path, shape in saved_params.saved_param_shapes(step_dir).items()}, sep="/")
+  return jax.tree.map(np.asarray, saved_params.load_params(step_dir, target)[0])
 
 
 @pytest.fixture(scope="module")

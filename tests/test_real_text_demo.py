@@ -12,9 +12,9 @@ import shlex
 import numpy as np
 import pytest
 
-from bertjax import model_files
+from bertjax.modeldir import model_files
 from bertjax.tools import real_text_demo
-from bertjax.training import init_params
+from bertjax.modeldir import saved_params
 from bertjax.models.config import BertConfig
 
 
@@ -96,7 +96,7 @@ def test_the_random_init_has_the_pretrained_model_shape_and_vocabulary_but_fresh
   real_text_demo.make_random_init(str(pretrained), str(out))
   assert model_files.load_bert_config(str(out)) == model_files.load_bert_config(str(pretrained))
   assert (out / "vocab.txt").read_text() == (pretrained / "vocab.txt").read_text()
-  params = init_params.load_params(str(out), _abstract_params(out))[0]
+  params = saved_params.load_params(str(out), _abstract_params(out))[0]
   table = np.asarray(params["bert"]["embeddings"]["word_embeddings"]["embedding"])
   assert table.shape[1] == 16 and 0.01 < table[:40].std() < 0.03  # BERT's init: N(0, 0.02)
 
@@ -111,8 +111,8 @@ def test_the_random_init_of_a_modernbert_run_is_a_modernbert_without_nsp(tmp_pat
   real_text_demo.make_random_init(pretrained, str(out), seed=3)
   config = model_files.load_bert_config(str(out))
   assert config == model_files.load_bert_config(pretrained) and config.is_modernbert
-  fresh = init_params.load_params(str(out), _abstract_params(out))[0]
-  old = init_params.load_params(pretrained, _abstract_params(out))[0]
+  fresh = saved_params.load_params(str(out), _abstract_params(out))[0]
+  old = saved_params.load_params(pretrained, _abstract_params(out))[0]
   assert "next_sentence" not in fresh
   table = np.asarray(fresh["bert"]["embeddings"]["word_embeddings"]["embedding"])
   assert not np.array_equal(table, old["bert"]["embeddings"]["word_embeddings"]["embedding"])

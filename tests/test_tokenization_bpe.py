@@ -14,7 +14,8 @@ import pytest
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import models
 
-from bertjax import model_files, tokenization
+from bertjax import tokenization
+from bertjax.modeldir import model_files
 from bertjax.data import sources
 from bertjax.errors import UserError
 from bertjax.models.config import BertConfig
