@@ -16,16 +16,10 @@ distribution); `--config.data.packing=0` runs one a row. Writes eval_results.jso
 metrics), eval_predictions.tsv and, for data.predict_splits, GLUE leaderboard files (e.g.
 MRPC.tsv).
 """
-from bertjax.configs import finetuning
+from bertjax import run_config
 
 
 def get_config(arg=None):
-  config = finetuning.get_config(arg)
-  config.task = "mrpc"  # the GLUE task (a name in bertjax.tasks.REGISTRY)
-  config.data.glue_dir = ""  # GLUE's download layout; "" = TFDS glue/<task>
-  config.data.tfds_data_dir = ""  # where TFDS's glue was prepared ("" = TFDS's default)
-  config.data.eval_split = ""  # scored at each evaluation ("" = dev; mnli: dev_matched)
-  config.data.predict_splits = ""  # comma-separated splits written as GLUE leaderboard files
-  # after training, e.g. "test" (mnli: "test_matched,test_mismatched,ax")
-  # data.max_seq_length: [CLS] A [SEP] B [SEP], the longer sentence cut first.
-  return config
+  """GLUE's fields (`bertjax.run_config.GlueRun`, each commented there); task mrpc."""
+  del arg
+  return run_config.defaults(run_config.GlueRun)

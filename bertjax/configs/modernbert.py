@@ -14,10 +14,10 @@ the data (spans fill their rows).
 The recipe (the ModernBERT repository's yamls/modernbert/modernbert-base-pretrain.yaml and
 main.py, and the paper's section 2.2 and appendix): StableAdamW (`train.optimizer=stable_adamw`)
 at lr 8e-4 (large 5e-4), betas (0.9, 0.98), eps 1e-6, weight decay 1e-5 decoupled from the rate
-(optimi's decouple_lr: here weight_decay = 1e-5 / lr, since bertjax's decay is multiplied by the
-rate), off norms and biases, no gradient clipping; warmup 3B tokens, then a constant rate
-(warmup-stable-decay, `train.lr_schedule=wsd`), decayed with 1-sqrt over the last 50B tokens;
-dropout 0.1 on the attention output only (model.dropout_rate in ModernBERT); 1.719T tokens at
+(optimi's decouple_lr: train.decouple_lr, so the decay stays 1e-5 a step at the peak whatever
+--config.train.learning_rate is), off norms and biases, no gradient clipping; warmup 3B tokens,
+then a constant rate (warmup-stable-decay, `train.lr_schedule=wsd`), decayed with 1-sqrt over
+the last 50B tokens; dropout 0.1 on the attention output only (model.dropout_rate in ModernBERT); 1.719T tokens at
 1,024 with global rotary base 10,000, then the context extension: 8,192 tokens with global base
 160,000 (model.long_rope_theta_global), about 300B tokens. ModernBERT ran the extension as a run
 of its own at a lower constant rate (3e-4) and a smaller batch; here it is the long phase of one
@@ -42,7 +42,7 @@ def get_config(arg=None):
   config = tiny.get_config()
   config.pretraining.nsp = False  # the masked LM alone, on contiguous spans
   m = config.model
-  m.architecture = "modernbert"
+  m.architecture = "modernbert"  # bertjax.models.modernbert
   m.size = "tiny"  # bertjax.models.config.MODERNBERT_SIZES: tiny base large
   m.max_position_embeddings = 8192  # the context it is trained for (no position table)
   m.local_attention = 64  # a local layer's window, in tokens (ModernBERT: 128)
@@ -63,7 +63,8 @@ def get_config(arg=None):
   tr.lr_schedule = "wsd"  # warmup, constant, then decay
   tr.decay_shape = "1-sqrt"
   tr.decay_steps = 400  # the last 20% of the demo's 2,000 steps
-  tr.weight_decay = 1e-5 / tr.learning_rate  # 1e-5 a step at the peak, as decouple_lr
+  tr.weight_decay = 1e-5  # a step at the peak: not multiplied by the rate (optimi's decouple_lr)
+  tr.decouple_lr = True
   if arg:
     _paper_recipe(config, arg)
   return config
@@ -87,7 +88,6 @@ def _paper_recipe(config, size: str) -> None:
   tr.batch_size = 4608  # rows (ModernBERT ramps its batch up over the first 50B tokens)
   tr.eval_batch_size = 256
   tr.learning_rate = 8e-4 if size == "base" else 5e-4
-  tr.weight_decay = 1e-5 / tr.learning_rate
   tr.warmup_steps = 636  # 3B tokens at 4,608 x 1,024
   tr.long_seq_from_step = 364_301  # 1.719T tokens at 1,024
   tr.num_train_steps = 364_301 + 7_947  # + 300B tokens at 4,608 x 8,192

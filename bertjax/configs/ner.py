@@ -27,33 +27,18 @@ paper reports dev F1 96.1 for concat_last_four of BERT-base, 0.3 below fine-tuni
 give the tagger's training settings: learning rate 1e-3 (Adam's usual for an LSTM trained from
 scratch) is this config's choice, the rest are the fine-tuning defaults.
 """
-from bertjax.configs import finetuning
+from bertjax import run_config
 from bertjax.errors import UserError
 
 
 def get_config(arg=None):
-  """arg: "" (fine-tuning, the default) or "feature_based" (a BiLSTM on the frozen encoder)."""
+  """arg: "" (fine-tuning, the default) or "feature_based" (a BiLSTM on the frozen encoder).
+  NER's fields are `bertjax.run_config.NerRun`'s, each commented there."""
   if arg not in (None, "", "feature_based"):
     raise UserError(f"configs/ner.py takes feature_based (configs/ner.py:feature_based), not "
                     f"{arg!r}.")
-  config = finetuning.get_config()
-  config.task = "ner"  # bertjax.tasks.REGISTRY
-  config.data.data_dir = ""  # directory of the files below (absolute file paths need none)
-  config.data.train_file = "train.txt"  # CoNLL-format training file; its tags are the classes
-  config.data.eval_file = ""  # tagged dev file, scored at each evaluation ("" = valid.txt,
-  # else dev.txt)
-  config.data.predict_file = ""  # predicted after training into test_predictions.txt, e.g.
-  # test.txt (scored into test_results.json when tagged); "" = none
-  config.data.label_column = -1  # the tag's column (-1 = the last: CoNLL-2003's NER tags)
-  # data.max_seq_length: [CLS] words [SEP]; longer sentences become more rows (train.batch_size
-  # counts rows).
+  config = run_config.defaults(run_config.NerRun)
   config.train.learning_rate = 5e-5  # the common BERT CoNLL-2003 setting
-  config.model.feature_layers = ""  # "" = fine-tune the whole model; else the feature-based
-  # approach on these frozen activations: embeddings, second_to_last, last,
-  # weighted_sum_last_four, concat_last_four or weighted_sum_all (Table 7; weighted sums learn
-  # ELMo's softmax-normalised layer weights); needs train.frozen_params="bert"
-  config.model.feature_bilstm_units = 768  # feature-based: units of each direction of the
-  # two-layer BiLSTM tagger (the paper's 768 for BERT-base)
   if arg == "feature_based":
     config.model.feature_layers = "concat_last_four"  # the paper's best (dev F1 96.1)
     config.train.frozen_params = "bert"  # the encoder never changes: no update, no decay

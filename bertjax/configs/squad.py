@@ -15,26 +15,18 @@ dev from BERT-base (uncased) with these settings but batch 12 (the paper: f1 88.
 eval_results.json (the official scripts' scores) and run_squad's predictions.json,
 nbest_predictions.json and, for v2.0, null_odds.json.
 """
-from bertjax.configs import finetuning
+from bertjax import run_config
 from bertjax.errors import UserError
 
 
 def get_config(arg=None):
-  """arg: "v1.1" (default) or "v2.0" (SQuAD 2.0: unanswerable questions, learning rate 5e-5)."""
+  """arg: "v1.1" (default) or "v2.0" (SQuAD 2.0: unanswerable questions, learning rate 5e-5).
+  SQuAD's fields are `bertjax.run_config.SquadRun`'s, each commented there."""
   if arg not in (None, "", "v1.1", "v2.0"):
     raise UserError(f"configs/squad.py takes v1.1 or v2.0 (configs/squad.py:v2.0), not {arg!r}.")
   version_2 = arg == "v2.0"
-  config = finetuning.get_config()
-  config.task = "squad"  # a name in bertjax.tasks.REGISTRY
-  config.data.train_file = ""  # SQuAD JSON to train on, e.g. train-v1.1.json (required)
-  config.data.predict_file = ""  # SQuAD JSON scored at each evaluation, e.g. dev-v1.1.json
+  config = run_config.defaults(run_config.SquadRun)
   config.data.version_2_with_negative = version_2  # SQuAD 2.0: questions may have no answer
-  config.data.max_seq_length = 384  # [CLS] question [SEP] context window [SEP]
-  config.data.doc_stride = 128  # tokens between the starts of a context's windows
-  config.data.max_query_length = 64  # questions are cut to this many tokens
-  config.data.n_best_size = 20  # best starts/ends per window; answers in nbest_predictions.json
-  config.data.max_answer_length = 30  # longest answer, in tokens
-  config.data.null_score_diff_threshold = 0.0  # v2.0: answer "" when null - best span > this
   config.train.num_train_epochs = 2.0  # steps = examples / batch_size * epochs (as run_squad)
   config.train.learning_rate = 5e-5 if version_2 else 3e-5  # run_squad's (v2.0: 5e-5)
   # train.eval_steps > 0: questions whose windows were not all predicted are left out of the

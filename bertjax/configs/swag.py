@@ -12,15 +12,13 @@ transformers' run_swag.py default. The paper reports dev accuracy 81.6 (BERT-bas
 (BERT-large). Writes eval_results.json (dev loss and accuracy), eval_predictions.csv
 (id,label,prediction) and, with data.predict_file, test_predictions.csv (id,prediction).
 """
-from bertjax.configs import finetuning
+from bertjax import run_config
 
 
 def get_config(arg=None):
-  config = finetuning.get_config(arg)
-  config.task = "swag"  # a name in bertjax.tasks.REGISTRY
-  config.data.train_file = ""  # swagaf's data/train.csv (required)
-  config.data.eval_file = ""  # swagaf's data/val.csv (required): scored at each evaluation
-  config.data.predict_file = ""  # optional, e.g. data/test.csv: written to test_predictions.csv
+  """SWAG's fields (`bertjax.run_config.SwagRun`, each commented there) and the paper's batch."""
+  del arg
+  config = run_config.defaults(run_config.SwagRun)
   # data.max_seq_length: [CLS] sent1 [SEP] sent2 ending [SEP], the longer part cut first.
   config.train.batch_size = 16  # global batch of questions (x4 sequences), all devices and hosts
   return config

@@ -1,6 +1,6 @@
-"""The run's choices for the encoder, from `config.model`: compute dtype, attention path, remat,
+"""The run's choices for the encoder, from `config.model` (compute dtype, attention path, remat,
 vocabulary padding, dropout, the MLM logits' dtype and fused QKV, resolved the same way for
-pretraining and fine-tuning.
+pretraining and fine-tuning), and whether a model fits the run (`check_fits`).
 
 `dtype="auto"` (the configs' default) computes in bfloat16 on GPU and TPU and in float32 on CPU,
 where bfloat16 matmuls are emulated and slower; parameters, LayerNorm, the softmax and the loss
@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-import ml_collections
 
 from bertjax.errors import UserError
 from bertjax.models.attention import resolve_attention
@@ -36,22 +35,29 @@ def resolve_dtype(dtype: str, platform: str | None = None) -> str:
   return "float32" if platform == "cpu" else "bfloat16"
 
 
-def bert_overrides(model: ml_collections.ConfigDict) -> dict[str, Any]:
-  """The BertConfig fields a run's `config.model` sets (a pretrained model's bert_config.json
-  gives the rest): dtype (resolved), dropout, attention, remat, pad_vocab_to_multiple,
-  mlm_logits_dtype ("auto": the compute dtype), fused_qkv, and pooling where set (ModernBERT's
-  'cls' or 'mean'; "" keeps the model's). Fields a config lacks (an older config.json) keep
-  BertConfig's defaults."""
-  fields = ("dropout_rate", "attention_dropout_rate", "attention", "remat",
-            "pad_vocab_to_multiple", "fused_qkv")
-  overrides = {name: model[name] for name in fields if name in model}
-  if model.get("pooling"):  # "" = the pretrained model's (bert_config.json)
+def bert_overrides(model: Any) -> dict[str, Any]:
+  """The BertConfig fields a run's `config.model` (`bertjax.run_config.PretrainingModel` or
+  `FinetuningModel`) sets over a model's: dtype (resolved), dropout, attention, remat, and
+  pooling where set (ModernBERT's 'cls' or 'mean'; "" keeps the model's). A pretraining model's
+  pad_vocab_to_multiple, fused_qkv and mlm_logits_dtype ("auto": the compute dtype) are
+  `pretraining_overrides`'; fine-tuning keeps the pretrained model's."""
+  overrides = dict(dropout_rate=model.dropout_rate,
+                   attention_dropout_rate=model.attention_dropout_rate,
+                   attention=model.attention, remat=model.remat,
+                   dtype=resolve_dtype(model.dtype))
+  if model.pooling:  # "" = the pretrained model's (bert_config.json)
     overrides["pooling"] = model.pooling
-  overrides["dtype"] = resolve_dtype(model.get("dtype", "float32"))
-  if "mlm_logits_dtype" in model:
-    logits = model.mlm_logits_dtype
-    overrides["mlm_logits_dtype"] = overrides["dtype"] if logits == AUTO else logits
   return overrides
+
+
+def pretraining_overrides(model: Any) -> dict[str, Any]:
+  """`bert_overrides` and the fields only a pretraining run sets: pad_vocab_to_multiple,
+  fused_qkv and mlm_logits_dtype."""
+  overrides = bert_overrides(model)
+  logits = model.mlm_logits_dtype
+  return dict(overrides, pad_vocab_to_multiple=model.pad_vocab_to_multiple,
+              fused_qkv=model.fused_qkv,
+              mlm_logits_dtype=overrides["dtype"] if logits == AUTO else logits)
 
 
 def check_attention(config: BertConfig, seq_lens: list[int]) -> None:
@@ -63,3 +69,19 @@ def check_attention(config: BertConfig, seq_lens: list[int]) -> None:
     except ValueError as e:
       raise UserError(f"model.attention={config.attention!r}: {e}".replace(
           "attention=auto", "--config.model.attention=auto")) from None
+
+
+def check_fits(bert_config: BertConfig, vocab_size: int, seq_lens: list[int], where: str,
+               length_field: str = "data.max_seq_length") -> None:
+  """Raises UserError where the model of `where` (a model directory) does not fit the run: its
+  attention path cannot run at one of `seq_lens`, the longest is beyond its positions
+  (`length_field` names the config field to lower), or its tokenizer (`vocab_size` ids) has ids
+  the model has no rows for."""
+  check_attention(bert_config, seq_lens)
+  longest = max(seq_lens)
+  if longest > bert_config.max_position_embeddings:
+    raise UserError(f"{length_field}={longest} exceeds the model's "
+                    f"{bert_config.max_position_embeddings} positions; lower it.")
+  if vocab_size > bert_config.vocab_size:
+    raise UserError(f"the tokenizer in {where} has {vocab_size} ids but the model "
+                    f"{bert_config.vocab_size}; they do not belong together.")

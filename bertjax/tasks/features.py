@@ -24,14 +24,12 @@ from typing import Any, Iterator
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
-from bertjax import tokenization
-from bertjax.modeldir import model_files
-from bertjax.modeldir import saved_params
+from bertjax import run_config, tokenization
 from bertjax.data.finetuning.glue import truncated_lengths
 from bertjax.errors import UserError
+from bertjax.modeldir import model_files, model_options, saved_params
 from bertjax.models import heads
 
 OUTPUT_FILE = "features.jsonl"
@@ -103,7 +101,7 @@ def _batches(encoded: list[tuple[list[int], list[int]]], batch_size: int,
     yield start, arrays
 
 
-def run(config: ml_collections.ConfigDict, workdir: str) -> str:
+def run(config: run_config.FeaturesRun, workdir: str) -> str:
   """Writes WORKDIR/features.jsonl for config.input_file; returns its path."""
   if not config.init_checkpoint:
     raise UserError("feature extraction needs --config.init_checkpoint, a bertjax checkpoint "
@@ -115,13 +113,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> str:
   model_dir = model_files.find_model_dir(config.init_checkpoint)
   bert_config = model_files.load_bert_config(model_dir)
   layers = parse_layers(config.layers, bert_config.num_layers)
-  if config.max_seq_length > bert_config.max_position_embeddings:
-    raise UserError(f"max_seq_length={config.max_seq_length} exceeds the model's "
-                    f"{bert_config.max_position_embeddings} positions; lower it.")
   tok = model_files.load_tokenizer(model_dir)
-  if tok.vocab_size > bert_config.vocab_size:
-    raise UserError(f"the tokenizer in {model_dir} has {tok.vocab_size} ids but the model "
-                    f"{bert_config.vocab_size}; they do not belong together.")
+  model_options.check_fits(bert_config, tok.vocab_size, [config.max_seq_length], model_dir,
+                           length_field="max_seq_length")
 
   model = heads.BertForPreTraining(bert_config, next_sentence=not bert_config.is_modernbert)
   dummy = jnp.zeros((1, 2), jnp.int32)

@@ -9,15 +9,19 @@ A new fine-tuning task is a spec plus a config of a few lines over configs/finet
       model=lambda bert_config, data: heads.BertForSequenceClassification(
           bert_config, data.num_labels),
       terms=terms, predict=predict, score=score, write=write,
-      main_metric=lambda config: "accuracy")
+      main_metric=lambda config: "accuracy", schema=MyTaskRun)
   finetuning.run(SPEC, config, workdir)     # or a line in bertjax/tasks/__init__.py's REGISTRY
+
+where MyTaskRun is a `run_config.FinetuningRun` whose data section adds the task's fields.
 
 What this module does for every spec: it loads `config.init_checkpoint`'s model directory (its
 bert_config.json with this run's dropout and dtype, and its tokenizer), reads the data through
 the spec, batches the features (shuffled for training, in order and padded for evaluation; each
 batch cut to a length bucket where the spec allows it, below), measures the run in epochs
-(train.num_train_epochs; num_train_steps and warmup_steps are derived only when left at -1),
-reports the eval loss next to the spec's scores, and hands the trainer one `task.Task`. The
+(train.num_train_epochs; num_train_steps and warmup_steps are derived only when left at -1, and
+returned in the Task's `Schedule`), reports the eval loss next to the spec's scores, and hands
+the trainer one `task.Task`, made with the trainer's `RunContext` (the hosts and the multiple the
+batches' rows come in). The
 fine-tuned workdir gets bert_config.json and the tokenizer, so it is a model directory in turn.
 With `model.bilstm_on_top` the spec's model gets the paper's BiLSTM between encoder and head
 (`model_of`; every heads.BertFor* fine-tuning model takes it; not with packing).
@@ -47,25 +51,24 @@ line says how many examples a row it took.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Mapping
 from typing import Any, Callable
 
 import flax.linen as nn
 import jax
-import ml_collections
 import numpy as np
 from etils import epath
 
-from bertjax import tokenization
-from bertjax.modeldir import model_files
-from bertjax.training import compile_ahead, parallel, steps, train
-from bertjax.modeldir import model_options
-from bertjax.training import task as task_lib
+from bertjax import run_config, tokenization
 from bertjax.data.pipeline import FeatureBatches, example_lengths
 from bertjax.errors import UserError
+from bertjax.modeldir import model_files, model_options
 from bertjax.models import attention
 from bertjax.models.config import BertConfig
+from bertjax.training import task as task_lib
+from bertjax.training import train
 
 Features = Mapping[str, np.ndarray]  # {key: [N, ...]}, every key with the same N
 # Batches whose widths are compiled ahead (`Batches.samples`); rarer widths compile when met.
@@ -127,17 +130,20 @@ class Spec:
       (heads.BertForSequenceClassification: [batch, k, ...] with cls_positions), and `terms`
       and `predict` work on labels and example weights of shape [batch, k]: data.packing may
       lay out several examples a row.
+    schema: the task's config schema (`bertjax.run_config`): a FinetuningRun whose data section
+      has the fields `read` reads.
   """
   name: str
-  read: Callable[[ml_collections.ConfigDict, tokenization.Tokenizer, str], Data]
+  read: Callable[[Any, tokenization.Tokenizer, str], Data]
   model: Callable[[BertConfig, Data], nn.Module]
   terms: Callable[[Any, Mapping[str, Any]], task_lib.Terms]
   predict: Callable[[Any, Mapping[str, Any]], dict[str, Any]]
   score: Callable[[Data, dict[str, np.ndarray]], dict[str, float]]
   write: Callable[[Data, str, dict[str, np.ndarray], epath.Path], None]
-  main_metric: Callable[[ml_collections.ConfigDict], str]
+  main_metric: Callable[[Any], str]
   padding_invariant: bool = False
   packable: bool = False
+  schema: type = run_config.FinetuningRun
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,35 +163,34 @@ class Pretrained:
   files: Mapping[str, str | bytes]
 
 
-def load_pretrained(config: ml_collections.ConfigDict, what: str) -> Pretrained:
+def load_pretrained(config: run_config.FinetuningRun, what: str) -> Pretrained:
   """The pretrained model of `config.init_checkpoint`, checked against the config.
 
   Args:
     config: a fine-tuning config.
     what: the task in words, for the errors (e.g. "GLUE fine-tuning").
   Raises:
-    UserError: no init_checkpoint, no model directory there, sequences longer than its
-      positions, or a tokenizer that does not fit its vocabulary.
+    UserError: no init_checkpoint, no model directory there, a model.architecture that is not
+      the model's, or a model that does not fit the run (`model_options.check_fits`).
   """
   if not config.init_checkpoint:
     raise UserError(f"{what} starts from a pretrained model: set --config.init_checkpoint to a "
                     "pretraining workdir or a directory from `python -m bertjax.convert "
                     "--from=hf|tf`.")
   model_dir = model_files.find_model_dir(config.init_checkpoint)
+  saved = model_files.load_bert_config(model_dir)
+  if config.model.architecture and config.model.architecture != saved.architecture:
+    raise UserError(f"model.architecture={config.model.architecture} but {model_dir} holds a "
+                    f"{saved.architecture} model; leave --config.model.architecture unset (the "
+                    "model's own) or name a model of that architecture.")
   try:
-    bert_config = dataclasses.replace(model_files.load_bert_config(model_dir),
-                                      **model_options.bert_overrides(config.model))
+    bert_config = dataclasses.replace(saved, **model_options.bert_overrides(config.model))
   except ValueError as e:
     raise UserError(f"bad model config: {e}".rstrip(".") + ". Check the config.model fields.") \
         from None
-  model_options.check_attention(bert_config, [config.data.max_seq_length])
-  if config.data.max_seq_length > bert_config.max_position_embeddings:
-    raise UserError(f"data.max_seq_length={config.data.max_seq_length} exceeds the model's "
-                    f"{bert_config.max_position_embeddings} positions; lower it.")
   tokenizer = model_files.load_tokenizer(model_dir)
-  if tokenizer.vocab_size > bert_config.vocab_size:
-    raise UserError(f"the tokenizer in {model_dir} has {tokenizer.vocab_size} ids but the model "
-                    f"{bert_config.vocab_size}; they do not belong together.")
+  model_options.check_fits(bert_config, tokenizer.vocab_size, [config.data.max_seq_length],
+                           model_dir)
   files = {model_files.BERT_CONFIG_FILE: model_files.bert_config_json(bert_config),
            **model_files.tokenizer_file_contents(model_dir)}
   return Pretrained(model_dir, bert_config, tokenizer, files)
@@ -197,7 +202,7 @@ def auto_buckets(longest: int) -> tuple[int, ...]:
   return tuple(range(32, longest, 32)) + (longest,)
 
 
-def length_buckets(config: ml_collections.ConfigDict, examples_a_row: int = 0
+def length_buckets(config: run_config.FinetuningRun, examples_a_row: int = 0
                    ) -> tuple[int, ...]:
   """The bucket lengths data.length_buckets asks for, ascending and ending in the longest row:
   max_seq_length, or max_seq_length * examples_a_row packed (module docstring); () for ""
@@ -224,15 +229,17 @@ def length_buckets(config: ml_collections.ConfigDict, examples_a_row: int = 0
       raise UserError(f"data.length_buckets={value!r}; give comma-separated sequence lengths "
                       f"from 1 to {row} (e.g. {longest // 4},{longest // 2},{longest}), "
                       "\"auto\" or \"\" (no buckets: every batch padded to the longest).")
-  if config.model.get("attention") == "splash":  # the lengths splash runs at
+  if config.model.attention == "splash":  # the lengths splash runs at
     multiple = attention.SPLASH_MULTIPLE
     lengths = {min(math.ceil(n / multiple) * multiple, longest) for n in lengths}
   return tuple(sorted(lengths | {longest}))
 
 
-def packing(config: ml_collections.ConfigDict, spec: Spec, train: Features | None = None) -> int:
+def packing(config: run_config.FinetuningRun, spec: Spec, context: task_lib.RunContext,
+            train: Features | None = None) -> int:
   """data.packing, the examples a row (0: one, unpacked), checked against the spec and the
-  batch sizes; "auto" is `auto_packing`'s choice for the training features `train`.
+  batch sizes (rows in multiples of `context.row_multiple`); "auto" is `auto_packing`'s choice
+  for the training features `train`.
 
   Raises:
     UserError: not "auto" or a whole number from 0, packing asked of a task that cannot pack, or
@@ -241,7 +248,7 @@ def packing(config: ml_collections.ConfigDict, spec: Spec, train: Features | Non
   """
   value = str(config.data.packing).strip().lower()
   if value == "auto":
-    return auto_packing(config, spec, train)
+    return auto_packing(config, spec, context, train)
   try:
     k = int(value)
   except ValueError:
@@ -251,7 +258,7 @@ def packing(config: ml_collections.ConfigDict, spec: Spec, train: Features | Non
   if k < 0:
     raise UserError(f"data.packing={config.data.packing}; give the examples a row (e.g. 4), 0 "
                     "for none, or auto.")
-  if config.model.get("bilstm_on_top", False):
+  if config.model.bilstm_on_top:
     raise UserError(f"data.packing={k} with model.bilstm_on_top: the BiLSTM would run across "
                     "the sequences packed in a row; set --config.data.packing=0 "
                     "(data.length_buckets cuts the padding instead).")
@@ -259,9 +266,9 @@ def packing(config: ml_collections.ConfigDict, spec: Spec, train: Features | Non
     raise UserError(f"data.packing={k}: {spec.name} cannot pack (its model gives one output "
                     "per row, or per token); set --config.data.packing=0. data.length_buckets "
                     "cuts its padding instead.")
-  shards = _row_shards(config)
+  shards = context.row_multiple
   for name in ("batch_size", "eval_batch_size"):
-    size = config.train[name]
+    size = getattr(config.train, name)
     if size % k or (size // k) % shards:
       raise UserError(
           f"train.{name}={size} with data.packing={k} makes {size / k:g} rows, which must be "
@@ -270,7 +277,8 @@ def packing(config: ml_collections.ConfigDict, spec: Spec, train: Features | Non
   return k
 
 
-def auto_packing(config: ml_collections.ConfigDict, spec: Spec, train: Features | None) -> int:
+def auto_packing(config: run_config.FinetuningRun, spec: Spec, context: task_lib.RunContext,
+                 train: Features | None) -> int:
   """data.packing="auto": as many examples a row as fit in max_seq_length on average (the mean
   length of the training features `train`), lowered to the largest k that makes whole rows of
   both batch sizes spread evenly over the batch shards; 0 (unpacked) where packing is not exact
@@ -278,11 +286,11 @@ def auto_packing(config: ml_collections.ConfigDict, spec: Spec, train: Features 
   (data.length_buckets="": a packed row would be k x max_seq_length wide), or where no k >= 2
   fits."""
   if (not spec.packable or not spec.padding_invariant or not length_buckets(config)
-      or config.model.get("bilstm_on_top", False) or not train):
+      or config.model.bilstm_on_top or not train):
     return 0
   mean = float(np.mean(example_lengths(train["input_mask"])))
   fit = int(config.data.max_seq_length // max(mean, 1.0))
-  shards, tr = _row_shards(config), config.train
+  shards, tr = context.row_multiple, config.train
   for k in range(fit, 1, -1):
     if all(size % k == 0 and (size // k) % shards == 0
            for size in (tr.batch_size, tr.eval_batch_size)):
@@ -290,23 +298,17 @@ def auto_packing(config: ml_collections.ConfigDict, spec: Spec, train: Features 
   return 0
 
 
-def _row_shards(config: ml_collections.ConfigDict) -> int:
-  """What the rows of a packed batch must split over: the mesh's batch shards x grad_accum_steps,
-  and the hosts."""
-  mesh = parallel.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
-  shards = parallel.num_batch_shards(mesh) * config.train.grad_accum_steps
-  return math.lcm(shards, jax.process_count())
-
-
-def feature_batches(config: ml_collections.ConfigDict, features: Features, *, training: bool,
-                    buckets: tuple[int, ...] = (), examples_a_row: int = 0) -> FeatureBatches:
+def feature_batches(config: run_config.FinetuningRun, context: task_lib.RunContext,
+                    features: Features, *, training: bool, buckets: tuple[int, ...] = (),
+                    examples_a_row: int = 0) -> FeatureBatches:
   """This host's batches of `features`: train.batch_size, shuffled, for training; else
   train.eval_batch_size in order (for evaluation and prediction); cut to `buckets`, packed
   `examples_a_row` to a row (0: unpacked)."""
   size = config.train.batch_size if training else config.train.eval_batch_size
-  return FeatureBatches(features, batch_size=size // jax.process_count(), seed=config.seed,
-                        process_index=jax.process_index(), process_count=jax.process_count(),
-                        shuffle=training, length_buckets=buckets, packing=examples_a_row)
+  return FeatureBatches(features, batch_size=size // context.process_count, seed=config.seed,
+                        process_index=context.process_index,
+                        process_count=context.process_count, shuffle=training,
+                        length_buckets=buckets, packing=examples_a_row)
 
 
 def in_example_order(predictions: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -335,36 +337,38 @@ def full_length(predictions: Mapping[str, jax.Array], input_mask_shape: tuple[in
   return {name: pad(x) for name, x in predictions.items()}
 
 
-def set_schedule(config: ml_collections.ConfigDict, num_examples: int) -> int:
-  """Derives what the config leaves at -1: train.num_train_steps from num_train_epochs,
-  warmup_steps from warmup_proportion, eval/checkpoint intervals as one epoch (the written
-  config.json shows them). Values the user set are kept.
+def schedule(train: run_config.FinetuningTrain, num_examples: int
+             ) -> tuple[task_lib.Schedule, int]:
+  """The run's schedule, with what the config leaves at -1 derived: num_train_steps from
+  num_train_epochs, warmup_steps from warmup_proportion, the eval and checkpoint intervals as one
+  epoch. Values the user set are kept.
 
   The steps are google-research/bert's: `int(num_examples / batch_size * num_train_epochs)`
   (run_classifier.py and run_squad.py), so the last epoch's partial batch counts towards them
   (MRPC, 3,668 examples at batch 32 for 3 epochs: 343 steps; RTE, 2,490: 233), at least 1.
 
   Args:
-    config: the run's config; its train fields are set in place.
+    train: the config's train section.
     num_examples: the examples of one epoch (SQuAD: questions, not windows).
   Returns:
-    The steps of one epoch: whole global batches, num_examples // batch_size (at least 1).
+    (the schedule, the steps of one epoch: whole global batches, num_examples // batch_size, at
+    least 1).
   """
-  tr = config.train
-  steps_per_epoch = max(1, num_examples // tr.batch_size)
-  with config.unlocked():
-    if tr.num_train_steps < 0:
-      tr.num_train_steps = max(1, int(num_examples / tr.batch_size * tr.num_train_epochs))
-    if tr.warmup_steps < 0:
-      tr.warmup_steps = int(tr.warmup_proportion * tr.num_train_steps)
-    if tr.eval_every_steps < 1:
-      tr.eval_every_steps = steps_per_epoch
-    if tr.checkpoint_every_steps < 1:
-      tr.checkpoint_every_steps = steps_per_epoch
-  return steps_per_epoch
+  steps_per_epoch = max(1, num_examples // train.batch_size)
+  steps = train.num_train_steps
+  if steps < 0:
+    steps = max(1, int(num_examples / train.batch_size * train.num_train_epochs))
+  warmup = train.warmup_steps
+  if warmup < 0:
+    warmup = int(train.warmup_proportion * steps)
+  every_epoch = lambda value: value if value >= 1 else steps_per_epoch
+  return task_lib.Schedule(
+      num_train_steps=steps, warmup_steps=warmup, log_every_steps=train.log_every_steps,
+      eval_every_steps=every_epoch(train.eval_every_steps),
+      checkpoint_every_steps=every_epoch(train.checkpoint_every_steps)), steps_per_epoch
 
 
-def model_of(spec: Spec, config: ml_collections.ConfigDict, bert_config: BertConfig,
+def model_of(spec: Spec, config: run_config.FinetuningRun, bert_config: BertConfig,
              data: Data) -> nn.Module:
   """The spec's model, with the paper's BiLSTM on top (`heads`, bilstm_on_top) when
   config.model.bilstm_on_top says so.
@@ -373,7 +377,7 @@ def model_of(spec: Spec, config: ml_collections.ConfigDict, bert_config: BertCon
     UserError: bilstm_on_top for a model that does not take it.
   """
   model = spec.model(bert_config, data)
-  if not config.model.get("bilstm_on_top", False):
+  if not config.model.bilstm_on_top:
     return model
   if not hasattr(model, "bilstm_on_top"):
     raise UserError(f"model.bilstm_on_top: the model of {spec.name} ({type(model).__name__}) "
@@ -381,21 +385,23 @@ def model_of(spec: Spec, config: ml_collections.ConfigDict, bert_config: BertCon
   return model.clone(bilstm_on_top=True)
 
 
-def make_task(spec: Spec, config: ml_collections.ConfigDict, workdir: str) -> task_lib.Task:
-  """Reads the data through `spec` and builds the trainer's Task; sets the run's schedule in
-  `config` (see set_schedule)."""
+def make_task(spec: Spec, config: run_config.FinetuningRun, workdir: str,
+              context: task_lib.RunContext) -> task_lib.Task:
+  """Reads the data through `spec` and builds the trainer's Task, its schedule counted from the
+  data (`schedule`), this host's batches as `context` says."""
   pretrained = load_pretrained(config, spec.name)
   data = spec.read(config, pretrained.tokenizer, workdir)
-  k = packing(config, spec, data.train)
+  k = packing(config, spec, context, data.train)
   buckets = length_buckets(config, k) if spec.padding_invariant else ()
-  train_batches = feature_batches(config, data.train, training=True, buckets=buckets,
+  train_batches = feature_batches(config, context, data.train, training=True, buckets=buckets,
                                   examples_a_row=k)
-  eval_batches = feature_batches(config, data.eval, training=False, buckets=buckets,
+  eval_batches = feature_batches(config, context, data.eval, training=False, buckets=buckets,
                                  examples_a_row=k)
-  steps_per_epoch = set_schedule(config, train_batches.num_examples
-                                 if data.examples_per_epoch is None else data.examples_per_epoch)
-  predict_sets = {name: feature_batches(config, features, training=False, buckets=buckets,
-                                       examples_a_row=k).eval_batches
+  run_schedule, steps_per_epoch = schedule(
+      config.train, train_batches.num_examples if data.examples_per_epoch is None
+      else data.examples_per_epoch)
+  predict_sets = {name: feature_batches(config, context, features, training=False,
+                                       buckets=buckets, examples_a_row=k).eval_batches
                   for name, features in data.predict.items()}
 
   def predict(outputs, batch):
@@ -411,25 +417,24 @@ def make_task(spec: Spec, config: ml_collections.ConfigDict, workdir: str) -> ta
   def write(name, predictions, directory):
     spec.write(data, name, in_example_order(predictions), directory)
 
-  def samples():  # a batch of each width the first training steps and the evaluation meet
+  def samples():  # the batches whose widths the first training steps and the evaluation meet
     if not buckets:  # every batch at max_seq_length (or k of it)
       return [], []
     training = (batch for batch, _ in train_batches.iterate(None))
-    steps = min(SAMPLED_TRAIN_BATCHES, steps_per_epoch, config.train.num_train_steps)
-    return (compile_ahead.distinct_shapes(training, steps),
-            compile_ahead.distinct_shapes(eval_batches.eval_batches(), SAMPLED_EVAL_BATCHES))
+    steps = min(SAMPLED_TRAIN_BATCHES, steps_per_epoch, run_schedule.num_train_steps)
+    return (itertools.islice(training, steps),
+            itertools.islice(eval_batches.eval_batches(), SAMPLED_EVAL_BATCHES))
 
-  print(f"{data.summary} ({steps_per_epoch} steps per epoch, {config.train.num_train_steps} "
+  print(f"{data.summary} ({steps_per_epoch} steps per epoch, {run_schedule.num_train_steps} "
         f"steps{f', {k} examples a row' if k else ''})")
   return task_lib.Task(
       model=model_of(spec, config, pretrained.bert_config, data), terms=spec.terms,
       batches=task_lib.Batches(train=train_batches.iterate, eval=eval_batches.eval_batches,
                                predict=predict_sets, samples=samples),
-      predict=predict if buckets or k else spec.predict, score=score, write=write,
-      files={**pretrained.files, **data.files}, main_metric=spec.main_metric(config))
+      schedule=run_schedule, predict=predict if buckets or k else spec.predict, score=score,
+      write=write, files={**pretrained.files, **data.files}, main_metric=spec.main_metric(config))
 
 
-def run(spec: Spec, config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+def run(spec: Spec, config: run_config.FinetuningRun, workdir: str) -> dict[str, float]:
   """Fine-tunes as `spec` and the config say; returns the last evaluation's metrics."""
-  steps.make_checked_mesh(config)  # fail on batch sizes before reading anything
-  return train.train_and_evaluate(config, workdir, make_task(spec, config, workdir))
+  return train.run(config, workdir, lambda context: make_task(spec, config, workdir, context))

@@ -26,12 +26,11 @@ import os
 from typing import Sequence
 
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 from etils import epath
 
-from bertjax import metrics, tokenization
+from bertjax import metrics, run_config, tokenization
 from bertjax.data.finetuning import glue as glue_data
 from bertjax.errors import UserError
 from bertjax.models import heads
@@ -52,7 +51,7 @@ SUBMISSION_FILES: dict[tuple[str, str], str] = {
 }
 
 
-def glue_task(config: ml_collections.ConfigDict) -> glue_data.GlueTask:
+def glue_task(config: run_config.GlueRun) -> glue_data.GlueTask:
   """The GLUE task `config.task` names (UserError for ax or an unknown name)."""
   if config.task == "ax":
     raise UserError("ax (GLUE's diagnostic set) has no training data; it is predicted by an MNLI "
@@ -63,12 +62,12 @@ def glue_task(config: ml_collections.ConfigDict) -> glue_data.GlueTask:
   return glue_data.TASKS[config.task]
 
 
-def main_metric(config: ml_collections.ConfigDict) -> str:
+def main_metric(config: run_config.GlueRun) -> str:
   """The metric the paper reports for the GLUE task config.task (MAIN_METRICS)."""
   return MAIN_METRICS.get(glue_task(config).name, "accuracy")
 
 
-def read_split(config: ml_collections.ConfigDict, task: glue_data.GlueTask,
+def read_split(config: run_config.GlueRun, task: glue_data.GlueTask,
                split: str) -> list[glue_data.Example]:
   """The examples of a split: from data.glue_dir, else TFDS (which never downloads)."""
   if split == "ax":  # MNLI models also predict GLUE's diagnostic set
@@ -89,7 +88,7 @@ def check_splits(task: glue_data.GlueTask, eval_split: str, predict_splits: list
       raise UserError(f"{task.name} has no split {split!r}; it has {list(task.splits)}.")
 
 
-def read(config: ml_collections.ConfigDict, tokenizer: tokenization.Tokenizer,
+def read(config: run_config.GlueRun, tokenizer: tokenization.Tokenizer,
          workdir: str) -> finetuning.Data:
   """Reads and encodes the training, eval and predict splits of the GLUE task config.task."""
   del workdir  # nothing of GLUE is kept there
@@ -214,4 +213,4 @@ SPEC = finetuning.Spec(
     model=lambda bert_config, data: heads.BertForSequenceClassification(bert_config,
                                                                         data.num_labels),
     terms=terms, predict=predict, score=score, write=write, main_metric=main_metric,
-    padding_invariant=True, packable=True)
+    padding_invariant=True, packable=True, schema=run_config.GlueRun)

@@ -34,13 +34,11 @@ import os
 from collections.abc import Sequence
 
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 from etils import epath
 
-from bertjax import metrics, tokenization
-from bertjax.training import optim
+from bertjax import metrics, run_config, tokenization
 from bertjax.data.finetuning import ner as ner_data
 from bertjax.errors import UserError
 from bertjax.models import feature_based, heads
@@ -71,17 +69,17 @@ class Context:
   feature_bilstm_units: int = 768
 
 
-def check_feature_based(config: ml_collections.ConfigDict) -> tuple[str, int]:
+def check_feature_based(config: run_config.NerRun) -> tuple[str, int]:
   """(model.feature_layers, model.feature_bilstm_units), checked; ("", 0) for fine-tuning.
 
   Raises:
     UserError: an unknown layer combination, units below 1, an encoder the optimizer would
       still change (train.frozen_params without "bert"), or bilstm_on_top as well.
   """
-  layers = config.model.get("feature_layers", "")
+  layers = config.model.feature_layers
   if not layers:
     return "", 0
-  units = config.model.get("feature_bilstm_units", 768)
+  units = config.model.feature_bilstm_units
   if layers not in feature_based.LAYER_COMBINATIONS:
     raise UserError(f"model.feature_layers={layers!r}; use one of "
                     f"{', '.join(feature_based.LAYER_COMBINATIONS)} (the paper's Table 7), or "
@@ -89,12 +87,12 @@ def check_feature_based(config: ml_collections.ConfigDict) -> tuple[str, int]:
   if not isinstance(units, int) or units < 1:
     raise UserError(f"model.feature_bilstm_units={units!r}; give the BiLSTM's units a "
                     "direction, a positive integer (the paper: 768).")
-  if "bert" not in optim.parse_frozen(config.train.get("frozen_params", "")):
+  if "bert" not in config.train.frozen:
     raise UserError(f"model.feature_layers={layers} trains on frozen encoder activations, but "
-                    f"train.frozen_params={config.train.get('frozen_params', '')!r} lets the "
+                    f"train.frozen_params={config.train.frozen_params!r} lets the "
                     "optimizer change the encoder (weight decay); set "
                     "--config.train.frozen_params=bert (configs/ner.py:feature_based does).")
-  if config.model.get("bilstm_on_top", False):
+  if config.model.bilstm_on_top:
     raise UserError("model.bilstm_on_top with model.feature_layers: the feature-based tagger "
                     "has its own two-layer BiLSTM; set --config.model.bilstm_on_top=false.")
   return layers, units
@@ -128,12 +126,12 @@ def score_sentences(sentences: list[ner_data.Sentence],
   return metrics.entity_scores([g for g, _ in pairs], [p for _, p in pairs])
 
 
-def data_path(config: ml_collections.ConfigDict, name: str) -> str:
+def data_path(config: run_config.NerRun, name: str) -> str:
   """A data file: `name` under data.data_dir (an absolute `name` stands alone)."""
   return os.path.join(config.data.data_dir, name)
 
 
-def eval_path(config: ml_collections.ConfigDict) -> str:
+def eval_path(config: run_config.NerRun) -> str:
   """data.eval_file, or by default valid.txt, else dev.txt, in data.data_dir."""
   if config.data.eval_file:
     return data_path(config, config.data.eval_file)
@@ -163,7 +161,7 @@ def labels_for(workdir: str, train_sentences: list[ner_data.Sentence], source: s
   return labels
 
 
-def read(config: ml_collections.ConfigDict, tokenizer: tokenization.Tokenizer,
+def read(config: run_config.NerRun, tokenizer: tokenization.Tokenizer,
          workdir: str) -> finetuning.Data:
   """Reads the CoNLL files and encodes them into first-sub-token-labelled windows."""
   feature_layers, feature_units = check_feature_based(config)
@@ -292,4 +290,5 @@ SPEC = finetuning.Spec(
     name="NER fine-tuning (a cased model suits NER)", read=read,
     model=model,
     terms=terms, predict=predict, score=score, write=write, padding_invariant=True,
-    main_metric=lambda config: "f1")  # entity-level F1 (seqeval), as the paper's Table 7
+    main_metric=lambda config: "f1",  # entity-level F1 (seqeval), as the paper's Table 7
+    schema=run_config.NerRun)

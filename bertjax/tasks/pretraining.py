@@ -38,19 +38,18 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 
-from bertjax.modeldir import model_files
+from bertjax import run_config
 from bertjax.data.pretraining import loader, masking
 from bertjax.errors import UserError
+from bertjax.modeldir import model_files
 from bertjax.models import heads
 from bertjax.tasks import pretraining_config, pretraining_data
-from bertjax.training import steps, train
 from bertjax.training import task as task_lib
+from bertjax.training import train
 
 # ----------------------------------------------------------------------------------------------
 # Loss and metrics.
@@ -154,8 +153,10 @@ class _Phases:
                     "packed": self._packed}
 
 
-def make_task(config: ml_collections.ConfigDict, workdir: str) -> task_lib.Task:
-  """Prepares the text if needed (WORKDIR/data) and builds the pretraining Task."""
+def make_task(config: run_config.PretrainingRun, workdir: str,
+              context: task_lib.RunContext) -> task_lib.Task:
+  """Prepares the text if needed (WORKDIR/data) and builds the pretraining Task, this host's
+  share of each batch as `context` says."""
   pretraining_config.check_config(config)
   pretraining_data.check_vocabulary(config)
   data, tr = config.data, config.train
@@ -175,9 +176,9 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> task_lib.Task:
       targets = loader.Masking(special, data.masked_lm_prob, max_predictions,
                                data.dynamic_masking, config.seed, word_tables)
     return loader.PairBatches(prepared, length, targets,
-                              batch_size=batch_size // jax.process_count(),
-                              process_index=jax.process_index(),
-                              process_count=jax.process_count(), threads=data.loader_threads,
+                              batch_size=batch_size // context.process_count,
+                              process_index=context.process_index,
+                              process_count=context.process_count, threads=data.loader_threads,
                               packing=packing, contiguous=not nsp)
 
   phases = [batches(data.max_seq_length, data.max_predictions_per_seq, tr.batch_size,
@@ -221,6 +222,7 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> task_lib.Task:
                         bool(data.packing)).iterate,
           eval=eval_batches.eval_batches if num_eval else None,
           long_eval=long_eval if num_eval else None, long_eval_after_step=tr.long_seq_from_step),
+      schedule=task_lib.Schedule.of(tr),
       score=score,  # main_metric: on the held-out documents
       main_metric="next_token_accuracy" if left_to_right else "mlm_accuracy",
       files={model_files.BERT_CONFIG_FILE: model_files.bert_config_json(long_config
@@ -229,7 +231,6 @@ def make_task(config: ml_collections.ConfigDict, workdir: str) -> task_lib.Task:
       models_by_length=long_models)
 
 
-def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+def run(config: run_config.PretrainingRun, workdir: str) -> dict[str, float]:
   """Pretrains as the config says; returns the last held-out evaluation."""
-  steps.make_checked_mesh(config)  # fail on batch sizes before writing the vocabulary
-  return train.train_and_evaluate(config, workdir, make_task(config, workdir))
+  return train.run(config, workdir, lambda context: make_task(config, workdir, context))

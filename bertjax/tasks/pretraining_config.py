@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-import ml_collections
-
+from bertjax import run_config
 from bertjax.errors import UserError
 from bertjax.models import config as bert_configs
 from bertjax.modeldir import model_options
@@ -20,24 +19,22 @@ MODERNBERT_FIELDS = ("local_attention", "global_attention_every", "rope_theta_gl
                      "rope_theta_local")
 
 
-def uses_nsp(config: ml_collections.ConfigDict) -> bool:
+def uses_nsp(config: run_config.PretrainingRun) -> bool:
   """Whether the run trains next-sentence prediction on NSP pairs (the paper's BERT), rather
   than an ablation on contiguous spans (pretraining.nsp=false, or objective=ltr, which has no
-  NSP). A config without a `pretraining` section (written before it existed) is the paper's."""
-  ablation = config.get("pretraining")
-  return ablation is None or (ablation.objective == "mlm" and bool(ablation.nsp))
+  NSP)."""
+  return config.pretraining.uses_nsp
 
 
-def is_left_to_right(config: ml_collections.ConfigDict) -> bool:
+def is_left_to_right(config: run_config.PretrainingRun) -> bool:
   """Whether the run trains the left-to-right LM (pretraining.objective=ltr)."""
-  ablation = config.get("pretraining")
-  return ablation is not None and ablation.objective == "ltr"
+  return config.pretraining.left_to_right
 
 
-def check_config(config: ml_collections.ConfigDict) -> None:
+def check_config(config: run_config.PretrainingRun) -> None:
   """Raises UserError naming the first field of the pretraining config that cannot work."""
   data, tr = config.data, config.train
-  chosen = [name for name in ("input_files", "tfds_name", "prepared") if data[name]]
+  chosen = [name for name in ("input_files", "tfds_name", "prepared") if getattr(data, name)]
   if len(chosen) > 1:
     raise UserError(f"data.{' and data.'.join(chosen)} are all set; give one source of text.")
   if not 0 < data.masked_lm_prob < 1:
@@ -47,12 +44,12 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     raise UserError(f"data.eval_fraction={data.eval_fraction}; use a value in [0, 1), e.g. 0.05.")
   for name in ("max_seq_length", "max_predictions_per_seq", "dupe_factor", "vocab_size",
                "max_sequences_per_row"):
-    if data[name] < 1:
-      raise UserError(f"data.{name}={data[name]}; use 1 or more.")
+    if getattr(data, name) < 1:
+      raise UserError(f"data.{name}={getattr(data, name)}; use 1 or more.")
   for length, name in ((data.max_seq_length, "max_predictions_per_seq"),
                        (data.long_seq_length, "long_max_predictions_per_seq")):
-    if length and data[name] > length:
-      raise UserError(f"data.{name}={data[name]} is more than the {length} tokens of a "
+    if length and getattr(data, name) > length:
+      raise UserError(f"data.{name}={getattr(data, name)} is more than the {length} tokens of a "
                       f"sequence; use at most {length} (the paper: 20 at 128, 80 at 512).")
   longest = max(data.max_seq_length, data.long_seq_length)
   if longest > config.model.max_position_embeddings:
@@ -64,17 +61,16 @@ def check_config(config: ml_collections.ConfigDict) -> None:
                     f"{tr.long_seq_from_step}. Set data.long_seq_length=0 for one phase.")
   for name in ("num_train_steps", "batch_size", "eval_batch_size", "log_every_steps",
                "eval_every_steps", "checkpoint_every_steps", "keep_checkpoints"):
-    if tr[name] < 1:
-      raise UserError(f"train.{name}={tr[name]}; use 1 or more.")
+    if getattr(tr, name) < 1:
+      raise UserError(f"train.{name}={getattr(tr, name)}; use 1 or more.")
   if not 0 <= tr.warmup_steps <= tr.num_train_steps:
     raise UserError(f"train.warmup_steps={tr.warmup_steps}; use 0 to train.num_train_steps "
                     f"({tr.num_train_steps}).")
   if tr.learning_rate <= 0:
     raise UserError(f"train.learning_rate={tr.learning_rate}; use a positive rate.")
-  ablation = config.get("pretraining")
-  if ablation is not None and ablation.objective not in OBJECTIVES:
-    raise UserError(f"pretraining.objective={ablation.objective!r}; use mlm (the masked LM) or "
-                    "ltr (a left-to-right LM, the paper's LTR & No NSP).")
+  if config.pretraining.objective not in OBJECTIVES:
+    raise UserError(f"pretraining.objective={config.pretraining.objective!r}; use mlm (the "
+                    "masked LM) or ltr (a left-to-right LM, the paper's LTR & No NSP).")
   if data.packing and not uses_nsp(config):
     which = ("pretraining.objective=ltr" if is_left_to_right(config)
              else "pretraining.nsp=false")
@@ -85,11 +81,11 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   model_config(config, data.vocab_size)  # the model fields, before any text is prepared
 
 
-def _check_modernbert(config: ml_collections.ConfigDict) -> None:
+def _check_modernbert(config: run_config.PretrainingRun) -> None:
   """ModernBERT pretrains the masked LM alone, and only it has a context extension."""
   m, data = config.model, config.data
-  long_theta = m.get("long_rope_theta_global", 0)
-  if m.get("architecture", "bert") != "modernbert":
+  long_theta = m.long_rope_theta_global
+  if m.architecture != "modernbert":
     if long_theta:
       raise UserError(f"model.long_rope_theta_global={long_theta} is ModernBERT's context "
                       "extension; set it to 0 for architecture=bert (no rotary embeddings).")
@@ -106,27 +102,27 @@ def _check_modernbert(config: ml_collections.ConfigDict) -> None:
                     " 160000), or 0 to keep model.rope_theta_global in the long phase.")
 
 
-def long_phase_config(config: ml_collections.ConfigDict,
+def long_phase_config(config: run_config.PretrainingRun,
                       bert_config: bert_configs.BertConfig) -> bert_configs.BertConfig | None:
   """The model of the long sequence-length phase where it differs from the first phase's
   (ModernBERT's context extension: model.long_rope_theta_global), else None."""
-  long_theta = config.model.get("long_rope_theta_global", 0)
+  long_theta = config.model.long_rope_theta_global
   if not (long_theta and config.data.long_seq_length):
     return None
   return dataclasses.replace(bert_config, rope_theta_global=float(long_theta))
 
 
-def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> bert_configs.BertConfig:
+def model_config(config: run_config.PretrainingRun, vocab_size: int) -> bert_configs.BertConfig:
   """The frozen BertConfig of `config.model` for a vocabulary of `vocab_size`."""
   m = config.model
-  architecture = m.get("architecture", "bert")
-  modernbert = {name: m[name] for name in MODERNBERT_FIELDS
-                if architecture == "modernbert" and name in m}
+  architecture = m.architecture
+  modernbert = {name: getattr(m, name) for name in MODERNBERT_FIELDS
+                if architecture == "modernbert"}
   try:
     bert_config = bert_configs.bert_config(
         m.size, architecture=architecture, vocab_size=vocab_size, hidden_act=m.hidden_act,
         max_position_embeddings=m.max_position_embeddings, causal=is_left_to_right(config),
-        **modernbert, **model_options.bert_overrides(m))
+        **modernbert, **model_options.pretraining_overrides(m))
   except (KeyError, ValueError) as e:
     raise UserError(f"bad model config: {e}".rstrip(".") + ". Check the config.model fields.") \
         from e

@@ -14,19 +14,17 @@ import os
 from absl import logging
 import jax
 from jax.experimental import multihost_utils
-import ml_collections
 
-from bertjax import tokenization
-from bertjax.modeldir import model_files
+from bertjax import run_config, tokenization
 from bertjax.data import sources
 from bertjax.data.pretraining import layout, loader, preparation
 from bertjax.errors import UserError
+from bertjax.modeldir import model_files, saved_params
 from bertjax.tasks.pretraining_config import is_left_to_right, uses_nsp
-from bertjax.modeldir import saved_params
 from bertjax.workdir import DATA_DIR
 
 
-def checkpoint_vocabulary(config: ml_collections.ConfigDict) -> str:
+def checkpoint_vocabulary(config: run_config.PretrainingRun) -> str:
   """The vocabulary file (vocab.model, vocab.txt or, with neither, a byte-level BPE
   tokenizer.json: ModernBERT's) of init_checkpoint's model directory, the one its embeddings were
   trained with; "" without an init_checkpoint, or without such a file when data.vocab_model is
@@ -54,13 +52,13 @@ def checkpoint_vocabulary(config: ml_collections.ConfigDict) -> str:
                   "that vocabulary as --config.data.vocab_model=FILE.")
 
 
-def vocabulary(config: ml_collections.ConfigDict) -> str:
+def vocabulary(config: run_config.PretrainingRun) -> str:
   """The vocabulary file the text is prepared with: data.vocab_model, else init_checkpoint's,
   else "" (a sentencepiece model is trained on the text)."""
   return config.data.vocab_model or checkpoint_vocabulary(config)
 
 
-def check_vocabulary(config: ml_collections.ConfigDict) -> None:
+def check_vocabulary(config: run_config.PretrainingRun) -> None:
   """Before anything is written: UserError if init_checkpoint is missing, has no vocabulary
   (and data.vocab_model is not given), or data.vocab_model has another size than its
   vocabulary; a warning if data.vocab_model is another vocabulary of the same size (each row of
@@ -85,7 +83,7 @@ def check_vocabulary(config: ml_collections.ConfigDict) -> None:
         given, theirs, its.vocab_size, theirs)
 
 
-def prepare_options(config: ml_collections.ConfigDict) -> layout.Options:
+def prepare_options(config: run_config.PretrainingRun) -> layout.Options:
   """The bertjax.data.prepare flags of the text a config names (default: the bundled corpus)."""
   data = config.data
   lengths = [data.max_seq_length] + ([data.long_seq_length] if data.long_seq_length else [])
@@ -105,7 +103,7 @@ def prepare_options(config: ml_collections.ConfigDict) -> layout.Options:
       contiguous=not uses_nsp(config))
 
 
-def prepared_data(config: ml_collections.ConfigDict, workdir: str) -> loader.PreparedData:
+def prepared_data(config: run_config.PretrainingRun, workdir: str) -> loader.PreparedData:
   """`data.prepared`, or the config's text prepared into WORKDIR/data (by host 0; the others
   wait for it, so WORKDIR must be shared) on first use and reused after."""
   if config.data.prepared:
@@ -148,7 +146,7 @@ def _same_vocabulary(path: str, sha256: str) -> bool:
     return False
 
 
-def check_prepared(data: loader.PreparedData, config: ml_collections.ConfigDict) -> None:
+def check_prepared(data: loader.PreparedData, config: run_config.PretrainingRun) -> None:
   """UserError, before any step, if prepared data cannot serve the run: another vocabulary,
   no pairs at a sequence length a phase needs, stored masks of another kind, or (packing) no
   packing plans or plans of another max_sequences_per_row."""
@@ -182,7 +180,7 @@ def check_prepared(data: loader.PreparedData, config: ml_collections.ConfigDict)
     _check_spans(data, config)
 
 
-def _check_spans(data: loader.PreparedData, config: ml_collections.ConfigDict) -> None:
+def _check_spans(data: loader.PreparedData, config: run_config.PretrainingRun) -> None:
   """UserError unless every phase's length has contiguous spans (prepare --contiguous=true)."""
   for length in (config.data.max_seq_length, config.data.long_seq_length):
     if length and not data.has_contiguous(length):
@@ -195,7 +193,7 @@ def _check_spans(data: loader.PreparedData, config: ml_collections.ConfigDict) -
                       "workdir.")
 
 
-def _check_packs(data: loader.PreparedData, config: ml_collections.ConfigDict) -> None:
+def _check_packs(data: loader.PreparedData, config: run_config.PretrainingRun) -> None:
   """UserError unless every phase's pairs have packing plans of data.max_sequences_per_row."""
   again = (f"prepare it again (python -m bertjax.data.prepare into a new directory, "
            f"--max_sequences_per_row={config.data.max_sequences_per_row})"

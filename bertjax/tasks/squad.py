@@ -28,12 +28,11 @@ official evaluate-v1.1.py / evaluate-v2.0.py read.
 from __future__ import annotations
 
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 from etils import epath
 
-from bertjax import metrics, tokenization
+from bertjax import metrics, run_config, tokenization
 from bertjax.data.finetuning import squad as squad_data
 from bertjax.tasks import squad_answers
 from bertjax.errors import UserError
@@ -41,7 +40,7 @@ from bertjax.models import heads
 from bertjax.tasks import finetuning
 
 
-def read(config: ml_collections.ConfigDict, tokenizer: tokenization.Tokenizer,
+def read(config: run_config.SquadRun, tokenizer: tokenization.Tokenizer,
          workdir: str) -> finetuning.Data:
   """Reads the SQuAD files and cuts their questions into run_squad's windows."""
   del workdir  # nothing of SQuAD is kept there
@@ -155,4 +154,5 @@ SPEC = finetuning.Spec(
     name="SQuAD fine-tuning", read=read,
     model=lambda bert_config, data: heads.BertForQuestionAnswering(bert_config),
     terms=terms, predict=predict, score=score, write=write,
-    main_metric=lambda config: "f1")  # the paper's Tables 2 and 3 report F1 (and EM)
+    main_metric=lambda config: "f1",  # the paper's Tables 2 and 3 report F1 (and EM)
+    schema=run_config.SquadRun)

@@ -27,12 +27,11 @@ import io
 from typing import Sequence
 
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 from etils import epath
 
-from bertjax import metrics, tokenization
+from bertjax import metrics, run_config, tokenization
 from bertjax.data.finetuning import swag as swag_data
 from bertjax.errors import UserError
 from bertjax.models import heads
@@ -42,7 +41,7 @@ EVAL_PREDICTIONS_FILE = "eval_predictions.csv"
 TEST_PREDICTIONS_FILE = "test_predictions.csv"
 
 
-def read(config: ml_collections.ConfigDict, tokenizer: tokenization.Tokenizer,
+def read(config: run_config.SwagRun, tokenizer: tokenization.Tokenizer,
          workdir: str) -> finetuning.Data:
   """Reads swagaf's CSV files and encodes each question's four choices."""
   del workdir  # nothing of SWAG is kept there
@@ -128,4 +127,5 @@ SPEC = finetuning.Spec(
     name="SWAG fine-tuning", read=read,
     model=lambda bert_config, data: heads.BertForMultipleChoice(bert_config),
     terms=terms, predict=predict, score=score, write=write, padding_invariant=True,
-    main_metric=lambda config: "accuracy")  # the paper's Table 4
+    main_metric=lambda config: "accuracy",  # the paper's Table 4
+    schema=run_config.SwagRun)

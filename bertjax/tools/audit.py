@@ -50,6 +50,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from bertjax import main as bertjax_main
+from bertjax import run_config
 from bertjax.errors import UserError
 from bertjax.models import heads
 from bertjax.tasks import pretraining, pretraining_config
@@ -67,7 +68,7 @@ flags.DEFINE_integer("devices", 0, "Simulate this many CPU devices (0: the machi
 flags.DEFINE_string("json", "", "Also write the audit to this JSON file.", flag_values=_FLAGS)
 
 
-def _task(config: ml_collections.ConfigDict) -> tuple[task_lib.Task, dict, dict]:
+def _task(config: run_config.PretrainingRun) -> tuple[task_lib.Task, dict, dict]:
   """The pretraining task of `config` without data, and a random train and eval batch of the
   config's shapes."""
   data, tr = config.data, config.train
@@ -79,7 +80,8 @@ def _task(config: ml_collections.ConfigDict) -> tuple[task_lib.Task, dict, dict]
       model=heads.BertForPreTraining(model_config,
                                      next_sentence=pretraining_config.uses_nsp(config)),
       terms=pretraining.make_terms(5, pretraining_config.uses_nsp(config)),
-      batches=task_lib.Batches(train=lambda position: iter(())))
+      batches=task_lib.Batches(train=lambda position: iter(())),
+      schedule=task_lib.Schedule.of(tr))
   return task, make(tr.batch_size), make(tr.eval_batch_size)
 
 
@@ -91,14 +93,17 @@ def _report(lowered: Any, mesh: jax.sharding.Mesh) -> dict[str, Any]:
               memory=bench_measure.compiled_memory_bytes(compiled))
 
 
-def audit(config: ml_collections.ConfigDict) -> dict[str, Any]:
-  """Compiles `config`'s train and eval steps on the config's mesh over jax's devices.
+def audit(config: ml_collections.ConfigDict | run_config.PretrainingRun) -> dict[str, Any]:
+  """Compiles `config`'s train and eval steps (a pretraining config, typed here where it is a
+  ConfigDict) on the config's mesh over jax's devices.
 
   Returns:
     {mesh: {axis: size}, devices, parameter_bytes, train: _report, eval: _report}.
   """
+  if isinstance(config, ml_collections.ConfigDict):
+    config = run_config.typed(config, run_config.PretrainingRun)
   task, train_batch, eval_batch = _task(config)
-  setup = steps.build(config, task, train_batch)
+  setup = steps.build(config, task, train_batch, steps.make_checked_mesh(config))
   on_mesh = lambda batch: jax.tree.map(
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
                                      sharding=parallel.batch_sharding(setup.mesh)), batch)

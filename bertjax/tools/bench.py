@@ -91,6 +91,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 import jax
 import numpy as np
 
+from bertjax import run_config
 from bertjax.configs import tiny
 from bertjax.errors import UserError
 from bertjax.models import heads
@@ -151,7 +152,7 @@ def make_batch(vocab_size: int, batch_size: int, seq_len: int, max_predictions: 
 def _bertjax_config(size: str, batch_size: int, seq_len: int, max_predictions: int,
                     dtype: str, steps: int, warmup: int, options: "BertjaxOptions"):
   """configs/tiny.py with the benchmark's shapes, the paper's dropout (none on the attention
-  probabilities for a fused path) and a flat learning rate."""
+  probabilities for a fused path) and a flat learning rate, typed (`bertjax.run_config`)."""
   config = tiny.get_config()
   config.model.size = size
   config.model.dtype = dtype
@@ -173,7 +174,7 @@ def _bertjax_config(size: str, batch_size: int, seq_len: int, max_predictions: i
   config.train.num_train_steps = steps + warmup + 1
   config.train.warmup_steps = 0
   config.train.learning_rate = 1e-4
-  return config
+  return run_config.typed(config, run_config.PretrainingRun)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,8 +202,9 @@ def build_bertjax(size: str, batch: dict[str, np.ndarray], vocab_size: int, dtyp
   model = heads.BertForPreTraining(pretraining_config.model_config(config, vocab_size),
                                    next_sentence=nsp)
   task = task_lib.Task(model=model, terms=pretraining.make_terms(5, nsp),
-                       batches=task_lib.Batches(train=lambda position: iter(())))
-  return task, train_steps.build(config, task, batch)
+                       batches=task_lib.Batches(train=lambda position: iter(())),
+                       schedule=task_lib.Schedule.of(config.train))
+  return task, train_steps.build(config, task, batch, train_steps.make_checked_mesh(config))
 
 
 def bench_bertjax(size: str, batch: dict[str, np.ndarray], vocab_size: int, dtype: str,

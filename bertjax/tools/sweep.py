@@ -333,7 +333,8 @@ def _run_all(grid: list[tuple[float, int, ml_collections.ConfigDict]], directory
             "rerun the same command to resume the sweep.", flush=True)
       return None
     results = after.eval_results or {}
-    main_metric = results.get("main_metric") or tasks.FINETUNING[cfg.task].main_metric(cfg)
+    main_metric = (results.get("main_metric")
+                   or tasks.FINETUNING[cfg.task].main_metric(tasks.typed(cfg)))
     records.append({
         "learning_rate": rate, "seed": seed, "directory": name, "finished": after.finished,
         "step": results.get("step"), "main_metric": main_metric,

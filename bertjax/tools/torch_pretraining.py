@@ -34,17 +34,17 @@ import shutil
 import sys
 from typing import Any
 
-import ml_collections
 import numpy as np
 import torch
 import transformers
 
-from bertjax.modeldir import model_files
-from bertjax.configs import tiny
+from bertjax import run_config
 from bertjax.convert import hf, hf_files
 from bertjax.errors import UserError
+from bertjax.modeldir import model_files
 from bertjax.models.config import BertConfig
 from bertjax.tasks import pretraining, pretraining_config
+from bertjax.training.train import run_context
 from bertjax.workdir import CONFIG_FILE
 
 EVAL_FILE = "eval_results.json"
@@ -111,19 +111,13 @@ def decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, 
   return [dict(params=decay, weight_decay=weight_decay), dict(params=rest, weight_decay=0.0)]
 
 
-def over_defaults(saved: dict[str, Any]) -> ml_collections.ConfigDict:
-  """A run's config.json (`saved`) over configs/tiny.py's fields, which every pretraining config
-  has: the fields an earlier bertjax did not write yet read as their defaults."""
-  def merge(defaults: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
-    merged = dict(defaults)
-    for key, value in values.items():
-      both = isinstance(value, dict) and isinstance(defaults.get(key), dict)
-      merged[key] = merge(defaults[key], value) if both else value
-    return merged
-  return ml_collections.ConfigDict(merge(tiny.get_config().to_dict(), saved))
+def read_config(saved: dict[str, Any]) -> run_config.PretrainingRun:
+  """A run's config.json (`saved`) as a typed pretraining config: the fields an earlier bertjax
+  did not write yet read as their defaults (`bertjax.run_config.typed`)."""
+  return run_config.typed(saved, run_config.PretrainingRun)
 
 
-def check_recipe(config: ml_collections.ConfigDict) -> None:
+def check_recipe(config: run_config.PretrainingRun) -> None:
   """UserError for what the reference does not run (module docstring)."""
   tr = config.train
   refused = [(tr.optimizer not in ("adamw", "stable_adamw"), f"train.optimizer={tr.optimizer}"),
@@ -139,18 +133,22 @@ def check_recipe(config: ml_collections.ConfigDict) -> None:
                     "or StableAdamW, BERT's linear or the wsd schedule, one phase, unpacked.")
 
 
-def make_optimizer(model: torch.nn.Module, train: ml_collections.ConfigDict):
+def make_optimizer(model: torch.nn.Module, train: run_config.PretrainingTrain):
   """(optimizer, scheduler) of the `train` section: torch AdamW or optimi StableAdamW, stepped
-  once a batch; the scheduler's rate at update n (0-based) is bertjax's schedule(n)."""
-  groups = decay_groups(model, train.weight_decay)
+  once a batch; the scheduler's rate at update n (0-based) is bertjax's schedule(n). With
+  train.decouple_lr, StableAdamW is optimi's decouple_lr (its max_lr the peak), and AdamW's
+  decay is weight_decay / learning_rate (the same decay a step)."""
   betas = (train.b1, train.b2)
   if train.optimizer == "stable_adamw":
     import optimi  # pylint: disable=import-outside-toplevel
-    optimizer = optimi.StableAdamW(groups, lr=train.learning_rate, betas=betas, eps=train.eps,
-                                   decouple_lr=False, foreach=False)
+    optimizer = optimi.StableAdamW(decay_groups(model, train.weight_decay),
+                                   lr=train.learning_rate, betas=betas, eps=train.eps,
+                                   decouple_lr=train.decouple_lr, max_lr=train.learning_rate,
+                                   foreach=False)
   else:
-    optimizer = torch.optim.AdamW(groups, lr=train.learning_rate, betas=betas, eps=train.eps,
-                                  foreach=False)
+    decay = train.weight_decay / train.learning_rate if train.decouple_lr else train.weight_decay
+    optimizer = torch.optim.AdamW(decay_groups(model, decay), lr=train.learning_rate,
+                                  betas=betas, eps=train.eps, foreach=False)
   if train.lr_schedule == "wsd":
     scheduler = transformers.get_wsd_schedule(
         optimizer, num_warmup_steps=train.warmup_steps, num_decay_steps=train.decay_steps,
@@ -238,11 +236,11 @@ def run(workdir: str, out: str, seed: int = 0) -> dict[str, float]:
   if os.path.exists(out) and os.listdir(out):
     raise UserError(f"--out={out} is not empty; name a new directory.")
   with open(path, encoding="utf-8") as f:
-    config = over_defaults(json.load(f))
+    config = read_config(json.load(f))
   if config.task != "pretraining":
     raise UserError(f"{workdir} is a {config.task} run, not a pretraining one.")
   check_recipe(config)
-  task = pretraining.make_task(config, workdir)
+  task = pretraining.make_task(config, workdir, run_context(config))
   nsp = pretraining_config.uses_nsp(config)
   model = hf_model(task.model.config, nsp=nsp, seed=seed)
   optimizer, scheduler = make_optimizer(model, config.train)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import itertools
 import os
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
@@ -90,9 +89,9 @@ class PerShape:
     return compiled.result()(leading, batch)
 
 
-def distinct_shapes(batches: Iterable[Batch], limit: int) -> list[Batch]:
-  """The first batch of each signature among the first `limit` of `batches`, in order met."""
+def distinct_shapes(batches: Iterable[Batch]) -> list[Batch]:
+  """The first batch of each signature among `batches`, in order met."""
   found: dict[tuple, Batch] = {}
-  for batch in itertools.islice(batches, limit):
+  for batch in batches:
     found.setdefault(signature(batch), batch)
   return list(found.values())

@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 import jax
-import ml_collections
 import numpy as np
 from etils import epath
 
@@ -32,7 +31,7 @@ def first_nonfinite(steps: list[tuple[int, Any]]) -> tuple[int, dict[str, float]
 
 
 def divergence_message(step: int, values: Mapping[str, float],
-                       train_config: ml_collections.ConfigDict, kept: list[int],
+                       train_config: Any, kept: list[int],
                        directory: epath.Path) -> str:
   """The UserError of a run whose loss became NaN or infinite at `step` (`values`: the watched
   metrics then; `kept`: the steps saved in `directory`, all from before `step`)."""

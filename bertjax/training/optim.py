@@ -218,11 +218,6 @@ def weight_decay_mask(params: Any) -> Any:
   return jax.tree_util.tree_map_with_path(lambda path, _: decays(path), params)
 
 
-def parse_frozen(value: str) -> tuple[str, ...]:
-  """train.frozen_params ("bert", "bert,bilstm", "") -> the group names, in order."""
-  return tuple(name.strip() for name in str(value).split(",") if name.strip())
-
-
 def frozen_mask(frozen: Sequence[str]):
   """params -> the same tree with True on every leaf of the top-level groups in `frozen`.
 
@@ -336,7 +331,8 @@ def stable_adamw(learning_rate: optax.ScalarOrSchedule, *, b1: float, b2: float,
 
 def make_optimizer(*, learning_rate: float = 1e-4, num_train_steps: int, warmup_steps: int,
                    b1: float = 0.9, b2: float = 0.999, eps: float = 1e-6,
-                   weight_decay: float = 0.01, clip_norm: float | None = 1.0,
+                   weight_decay: float = 0.01, decouple_lr: bool = False,
+                   clip_norm: float | None = 1.0,
                    optimizer: str = "adamw", frozen: Sequence[str] = (),
                    lr_decay_power: float = 1.0, lr_decay_from_step_0: bool = False,
                    lr_schedule: str = "linear", decay_steps: int = 0,
@@ -355,6 +351,8 @@ def make_optimizer(*, learning_rate: float = 1e-4, num_train_steps: int, warmup_
     warmup_steps: calls of `tx.update` over which the rate warms up.
     b1, b2, eps: Adam's decay rates and epsilon (added outside the square root).
     weight_decay: decoupled weight decay (times the learning rate), on `weight_decay_mask`.
+    decouple_lr: the decay times the schedule's fraction of the peak instead of the rate
+      (optimi's decouple_lr, ModernBERT's): optax's decay is weight_decay / learning_rate.
     clip_norm: clip gradients to this global norm; None or 0 turns clipping off.
     optimizer: "adamw", "lamb" or "stable_adamw" (the same arguments; LAMB adds the layer-wise
       trust ratio on the decayed parameters, `lamb`; StableAdamW the update clipping of each
@@ -385,8 +383,8 @@ def make_optimizer(*, learning_rate: float = 1e-4, num_train_steps: int, warmup_
       return jax.tree.map(lambda d, f: d and not f, weight_decay_mask(params), is_frozen(params))
 
   grouped = dict(stored_tensor=stored_tensor) if optimizer == "stable_adamw" else {}
-  update = make(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=decay_mask,
-                **grouped)
+  decay = weight_decay / learning_rate if decouple_lr else weight_decay
+  update = make(schedule, b1=b1, b2=b2, eps=eps, weight_decay=decay, mask=decay_mask, **grouped)
   tx = optax.chain(optax.clip_by_global_norm(clip_norm), update) if clip_norm else update
   if frozen:
     tx = optax.chain(optax.masked(optax.set_to_zero(), is_frozen), tx)

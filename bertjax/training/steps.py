@@ -1,7 +1,8 @@
 """The step machinery: one jitted train step and one eval step over a mesh, and evaluation.
 
-`build` makes a run's `Setup`: the mesh (checked against the batch sizes), the train state's
-shardings and the jitted functions, with keys of the PRNG `config.train.prng_impl` names. The
+`make_checked_mesh` makes a run's mesh, checked against the batch sizes (the trainer does it
+once, `bertjax.training.train.run_context`); `build` makes a run's `Setup` on it: the train
+state's shardings and the jitted functions, with keys of the PRNG `config.train.prng_impl` names. The
 train step is pure, `train_step(state, batch) -> (state, metrics)`, with donated state and the
 dropout key folded from the step; the eval step is one forward pass without dropout for a
 task's metric terms and predictions (`bertjax.training.task`).
@@ -18,12 +19,12 @@ from typing import Any, Callable, Iterable
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 from clu import metrics as clu_metrics
 from jax._src import config as jax_config  # the one flag below has no public context manager
 
+from bertjax import run_config
 from bertjax.errors import UserError
 from bertjax.models import heads, modernbert
 from bertjax.training import compile_ahead, optim, parallel
@@ -41,34 +42,31 @@ TrainState = dict[str, Any]
 PRNG_IMPLS = {"threefry": "threefry2x32", "rbg": "rbg", "unsafe_rbg": "unsafe_rbg"}
 
 
-def prng_impl(train_config: ml_collections.ConfigDict) -> str:
-  """The config's `train.prng_impl` (threefry where a config lacks it), checked."""
-  name = train_config.get("prng_impl", "threefry")
+def prng_impl(train_config: run_config.Train) -> str:
+  """The config's `train.prng_impl`, checked."""
+  name = train_config.prng_impl
   if name not in PRNG_IMPLS:
     raise UserError(f"train.prng_impl={name!r} is not one of {', '.join(PRNG_IMPLS)}; set "
                     "--config.train.prng_impl to one of them.")
   return name
 
 
-def make_optimizer(train_config: ml_collections.ConfigDict, model_config=None):
-  """optax AdamW (or LAMB, or StableAdamW) with BERT's schedule from the `train` section of the
-  config; train.frozen_params (where the config has it) names parameter groups left unchanged,
-  train.lr_decay_power and lr_decay_from_step_0 (1.0 and False where an earlier config lacks
-  them) shape the decay, and train.lr_schedule, decay_steps and decay_shape ("linear", 0 and
-  "1-sqrt" where it lacks them) choose warmup-stable-decay instead. A ModernBERT
-  `model_config` (a BertConfig) makes StableAdamW clip its query, key and value kernels as the
-  one Wqkv tensor ModernBERT's trainer steps (`bertjax.models.modernbert.stored_tensor`)."""
+def make_optimizer(train_config: run_config.Train, model_config=None,
+                   schedule: task_lib.Schedule | None = None):
+  """optax AdamW (or LAMB, or StableAdamW) with BERT's schedule (or warmup-stable-decay) from the
+  `train` section of the config, over `schedule`'s steps (default: those the section states,
+  `task.Schedule.of`). A ModernBERT `model_config` (a BertConfig) makes StableAdamW clip its
+  query, key and value kernels as the one Wqkv tensor ModernBERT's trainer steps
+  (`bertjax.models.modernbert.stored_tensor`)."""
+  tr = train_config
+  schedule = schedule or task_lib.Schedule.of(tr)
   return optim.make_optimizer(
-      learning_rate=train_config.learning_rate, num_train_steps=train_config.num_train_steps,
-      warmup_steps=train_config.warmup_steps, b1=train_config.b1, b2=train_config.b2,
-      eps=train_config.eps, weight_decay=train_config.weight_decay,
-      clip_norm=train_config.clip_norm, optimizer=train_config.get("optimizer", "adamw"),
-      frozen=optim.parse_frozen(train_config.get("frozen_params", "")),
-      lr_decay_power=train_config.get("lr_decay_power", 1.0),
-      lr_decay_from_step_0=train_config.get("lr_decay_from_step_0", False),
-      lr_schedule=train_config.get("lr_schedule", "linear"),
-      decay_steps=train_config.get("decay_steps", 0),
-      decay_shape=train_config.get("decay_shape", "1-sqrt"),
+      learning_rate=tr.learning_rate, num_train_steps=schedule.num_train_steps,
+      warmup_steps=schedule.warmup_steps, b1=tr.b1, b2=tr.b2, eps=tr.eps,
+      weight_decay=tr.weight_decay, decouple_lr=tr.decouple_lr, clip_norm=tr.clip_norm,
+      optimizer=tr.optimizer, frozen=tr.frozen, lr_decay_power=tr.lr_decay_power,
+      lr_decay_from_step_0=tr.lr_decay_from_step_0, lr_schedule=tr.lr_schedule,
+      decay_steps=tr.decay_steps, decay_shape=tr.decay_shape,
       stored_tensor=(modernbert.stored_tensor
                      if model_config is not None and model_config.is_modernbert else None))
 
@@ -182,8 +180,8 @@ class Setup:
   predict_step: Callable[[Params, Any], tuple[Any, dict]]  # eval_step without the terms
 
 
-def make_checked_mesh(config: ml_collections.ConfigDict,
-                      devices: list[jax.Device] | None = None) -> jax.sharding.Mesh:
+def make_checked_mesh(config: Any, devices: list[jax.Device] | None = None
+                      ) -> jax.sharding.Mesh:
   """The config's mesh, after checking that its batch sizes split over it (UserError if not)."""
   mesh = parallel.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor, devices)
   parallel.check_batch_size(config.train.batch_size, mesh, "train.batch_size")
@@ -217,12 +215,13 @@ def under_mesh(mesh: jax.sharding.Mesh, fn: Callable) -> Callable:
   return traced_under_mesh
 
 
-def build(config: ml_collections.ConfigDict, task: task_lib.Task, init_batch: task_lib.Batch,
-          devices: list[jax.Device] | None = None) -> Setup:
-  """Builds the mesh, the state's shardings and the jitted init / train / eval functions;
-  `init_batch` (a per-host batch) gives the shapes the parameters are initialised with."""
-  mesh = make_checked_mesh(config, devices)
-  tx, schedule = make_optimizer(config.train, getattr(task.model, "config", None))
+def build(config: Any, task: task_lib.Task, init_batch: task_lib.Batch,
+          mesh: jax.sharding.Mesh) -> Setup:
+  """Builds the state's shardings over `mesh` and the jitted init / train / eval functions;
+  `init_batch` (a per-host batch) gives the shapes the parameters are initialised with. `config`
+  is a typed run config (`bertjax.run_config`): its seed and train section."""
+  tx, schedule = make_optimizer(config.train, getattr(task.model, "config", None),
+                                task.schedule)
   prng = prng_impl(config.train)
   rng = jax.random.key(config.seed, impl=PRNG_IMPLS[prng])
   init_rng, dropout_rng = jax.random.split(rng)
@@ -326,6 +325,7 @@ def compiled_ahead(setup: Setup, task: task_lib.Task, first_batch: task_lib.Batc
                                      setup.mesh, executor)
   if task.batches.samples is not None:
     train_samples, eval_samples = task.batches.samples()
-    train_step.prepare(train_samples)
-    eval_step.prepare(eval_samples if task.batches.eval is not None else [])
+    train_step.prepare(compile_ahead.distinct_shapes(train_samples))
+    if task.batches.eval is not None:
+      eval_step.prepare(compile_ahead.distinct_shapes(eval_samples))
   return dataclasses.replace(setup, train_step=train_step, eval_step=eval_step)

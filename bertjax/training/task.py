@@ -1,11 +1,15 @@
-"""The contract a task gives the trainer: its model, the terms of its loss and metrics, its data.
+"""The contract between the trainer and a task: what the trainer hands the task (`RunContext`)
+and what the task hands back (`Task`).
 
-The trainer knows nothing of MLM or SQuAD. A `Task` gives it a model (a `heads.BertFor*` module
-called on the batch dict), the weighted terms its loss and metrics are made of, its batches
-(`Batches`) and, optionally, per-example predictions, their scoring and their files. The
-arithmetic of the terms is here too: which terms are the training objective (`is_loss`), their
-sums and weights as clu metrics (`averages`) and the reported means (`means`). The trainer
-(`bertjax.training.steps`, `bertjax.training.train`) owns the rest.
+The trainer knows nothing of MLM or SQuAD. It builds the mesh once and hands the task a
+`RunContext` (the mesh, this process's place among the hosts, the multiple every batch's rows
+must come in). The task gives back a `Task`: a model (a `heads.BertFor*` module called on the
+batch dict), the weighted terms its loss and metrics are made of, its batches (`Batches`), its
+`Schedule` (the steps, known to a fine-tuning task only once it has read its data) and,
+optionally, per-example predictions, their scoring and their files. The arithmetic of the terms
+is here too: which terms are the training objective (`is_loss`), their sums and weights as clu
+metrics (`averages`) and the reported means (`means`). The trainer (`bertjax.training.steps`,
+`bertjax.training.train`) owns the rest.
 """
 from __future__ import annotations
 
@@ -25,6 +29,46 @@ Terms = dict[str, tuple[jax.Array, jax.Array]]
 
 
 @dataclasses.dataclass(frozen=True)
+class RunContext:
+  """What the trainer hands a task before the task reads its data.
+
+  Attributes:
+    mesh: the run's device mesh (`bertjax.training.parallel`), built once and checked against
+      the batch sizes.
+    process_index, process_count: this host's index and the number of hosts; each host reads
+      batch_size // process_count rows of every global batch.
+    row_multiple: what the rows of a global batch must come in multiples of: the mesh's batch
+      shards times train.grad_accum_steps, and the hosts (a packed batch of k examples a row
+      has batch_size // k rows).
+  """
+  mesh: jax.sharding.Mesh
+  process_index: int
+  process_count: int
+  row_multiple: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+  """The steps of a run and its intervals, all known (none -1).
+
+  Attributes:
+    num_train_steps: optimizer updates in all.
+    warmup_steps: of them, the linear warmup.
+    log_every_steps, eval_every_steps, checkpoint_every_steps: the loop's intervals.
+  """
+  num_train_steps: int
+  warmup_steps: int
+  log_every_steps: int
+  eval_every_steps: int
+  checkpoint_every_steps: int
+
+  @classmethod
+  def of(cls, train: Any) -> "Schedule":
+    """The schedule a config's train section states outright (pretraining's)."""
+    return cls(**{f.name: getattr(train, f.name) for f in dataclasses.fields(cls)})
+
+
+@dataclasses.dataclass(frozen=True)
 class Batches:
   """A task's data, as per-host numpy batches (`bertjax.data.pipeline`).
 
@@ -33,9 +77,10 @@ class Batches:
     eval: () -> the held-out batches, once through, the last padded (example_weight 0); None:
       no evaluation.
     predict: {set name: () -> batches}, predicted once after the last step (e.g. a test split).
-    samples: () -> (training, evaluation) batches, one of each shape the run's steps will meet
-      (e.g. each length bucket of a fine-tuning run), compiled side by side before the first
-      step (`bertjax.training.compile_ahead`); None: the first training batch's shape only.
+    samples: () -> (training, evaluation) batches among which are the shapes the run's steps
+      will meet (e.g. each length bucket of a fine-tuning run), a batch of each compiled side
+      by side before the first step (`bertjax.training.compile_ahead`); None: the first
+      training batch's shape only.
     long_eval, long_eval_after_step: the held-out batches of a long sequence-length phase that
       evaluates at its own length, read by evaluations after a step beyond
       long_eval_after_step (`eval_at`); None: `eval` always.
@@ -43,7 +88,7 @@ class Batches:
   train: Callable[[dict | None], Iterator[tuple[Batch, dict]]]
   eval: Callable[[], Iterable[Batch]] | None = None
   predict: Mapping[str, Callable[[], Iterable[Batch]]] = dataclasses.field(default_factory=dict)
-  samples: Callable[[], tuple[list[Batch], list[Batch]]] | None = None
+  samples: Callable[[], tuple[Iterable[Batch], Iterable[Batch]]] | None = None
   long_eval: Callable[[], Iterable[Batch]] | None = None
   long_eval_after_step: int = 0
 
@@ -69,6 +114,7 @@ class Task:
       the outputs: gradient accumulation divides every micro-batch by the whole batch's weight.
       A batch without labels (e.g. SQuAD's eval windows) may give no terms.
     batches: the data.
+    schedule: the run's steps and intervals.
     predict: (outputs, batch) -> {name: [batch, ...]} per-example predictions, or None.
     score: (metric totals {name: clu Average} over the eval set, predictions {name: [N, ...]}
       numpy or None) -> the reported metrics; None reports `means(totals)`.
@@ -86,6 +132,7 @@ class Task:
   model: nn.Module
   terms: Callable[[Any, Batch], Terms]
   batches: Batches
+  schedule: Schedule
   predict: Callable[[Any, Batch], dict[str, jax.Array]] | None = None
   score: Callable[[dict[str, Any], dict[str, np.ndarray] | None], dict[str, float]] | None = None
   write: Callable[[str, dict[str, np.ndarray], epath.Path], None] | None = None

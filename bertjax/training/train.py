@@ -1,6 +1,8 @@
-"""The training loop: from the start state to the last step, evaluating and saving on the way.
+"""The trainer's entry point and its loop: from the start state to the last step, evaluating and
+saving on the way.
 
-`train_and_evaluate` runs a `Task` (`bertjax.training.task`) with the trainer's services: the
+`run` is what a task calls: it builds the mesh once, checked against the batch sizes, hands the
+task a `RunContext` to make its `Task` with, and trains it. `train_and_evaluate` runs a `Task` (`bertjax.training.task`) with the trainer's services: the
 jitted steps over a mesh (`bertjax.training.steps`), checkpoints
 (`bertjax.training.checkpoint`), an agreed stop on SIGTERM or SIGINT
 (`bertjax.training.preemption`), the NaN guard (`bertjax.training.divergence`), and the run's
@@ -16,15 +18,18 @@ another number of labels, stays fresh with a message); else from scratch.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
-from typing import Any, Iterator, Mapping
+import json
+import math
+from typing import Any, Callable, Iterator, Mapping
 
 import jax
-import ml_collections
 import numpy as np
 import tqdm
 from etils import epath
 
+from bertjax import run_config
 from bertjax.errors import UserError
 from bertjax.training import (checkpoint, compile_ahead, divergence, parallel, preemption,
                               reports, steps)
@@ -51,7 +56,27 @@ def _raise_full_disk(error: BaseException | None, checkpoints: checkpoint.Checkp
                   f"{resume}.") from error
 
 
-def restore_or_init(config: ml_collections.ConfigDict, setup: steps.Setup,
+def run_context(config: Any, devices: list[jax.Device] | None = None) -> task_lib.RunContext:
+  """The mesh of `config` (a typed run config), checked against its batch sizes (UserError),
+  and this process's place: what a task is made with."""
+  mesh = steps.make_checked_mesh(config, devices)
+  shards = parallel.num_batch_shards(mesh) * config.train.grad_accum_steps
+  return task_lib.RunContext(mesh=mesh, process_index=jax.process_index(),
+                             process_count=jax.process_count(),
+                             row_multiple=math.lcm(shards, jax.process_count()))
+
+
+def run(config: Any, workdir: str,
+        make_task: Callable[[task_lib.RunContext], task_lib.Task],
+        devices: list[jax.Device] | None = None) -> dict[str, float]:
+  """Builds the run's context (the mesh, once; batch sizes that do not split over it fail here,
+  before the task reads or writes anything), makes the task with it and trains it; returns the
+  last evaluation's metrics."""
+  context = run_context(config, devices)
+  return train_and_evaluate(config, workdir, make_task(context), context)
+
+
+def restore_or_init(config: Any, setup: steps.Setup,
                     checkpoints: checkpoint.Checkpoints,
                     vocab_size: int | None = None) -> tuple[steps.TrainState, dict | None]:
   """The start state: latest checkpoint, else init_checkpoint's parameters, else fresh.
@@ -85,13 +110,14 @@ def restore_or_init(config: ml_collections.ConfigDict, setup: steps.Setup,
   return state, None
 
 
-def _write_workdir_files(config: ml_collections.ConfigDict, workdir: epath.Path,
+def _write_workdir_files(config: Any, workdir: epath.Path,
                          files: Mapping[str, str | bytes]) -> None:
-  """WORKDIR/config.json and the task's files (`Task.files`), from host 0."""
+  """WORKDIR/config.json (the typed config as run) and the task's files (`Task.files`), from
+  host 0."""
   if jax.process_index() != 0:
     return
   workdir.mkdir(parents=True, exist_ok=True)
-  (workdir / CONFIG_FILE).write_text(config.to_json_best_effort(indent=2) + "\n")
+  (workdir / CONFIG_FILE).write_text(json.dumps(run_config.as_dict(config), indent=2) + "\n")
   for name, data in files.items():
     if isinstance(data, bytes):
       (workdir / name).write_bytes(data)
@@ -106,9 +132,10 @@ def _first_drawn(batches: Iterator[Any]) -> Iterator[Any]:
   return itertools.chain([first], batches)
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, task: task_lib.Task,
-                       devices: list[jax.Device] | None = None) -> dict[str, float]:
-  """Trains to `config.train.num_train_steps`, evaluating and checkpointing on the way.
+def train_and_evaluate(config: Any, workdir: str, task: task_lib.Task,
+                       context: task_lib.RunContext) -> dict[str, float]:
+  """Trains `task` (made with `context`) to its schedule's last step, evaluating and
+  checkpointing on the way; `config` is the typed run config (`bertjax.run_config`).
 
   A loss, gradient norm or parameter norm that becomes NaN or infinite stops the run with a
   UserError naming the step; it is checked at every log, eval and checkpoint step (a divergence
@@ -120,6 +147,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, task: ta
   to the workdir.
   """
   workdir = epath.Path(workdir)
+  schedule = task.schedule
+  # The config as run: its train section with the task's steps and intervals (a fine-tuning
+  # config leaves them at -1 until its data is read), as config.json and messages show them.
+  config = dataclasses.replace(config, train=dataclasses.replace(
+      config.train, **dataclasses.asdict(schedule)))
   tr = config.train
   with contextlib.ExitStack() as stack:
     # Entered first: a signal while the run starts (restoring, compiling) stops it after its
@@ -127,10 +159,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, task: ta
     stop_signal = stack.enter_context(preemption.StopSignal())
     executor = stack.enter_context(compile_ahead.pool())
     first_batch = next(task.batches.train(None))[0]
-    setup = steps.build(config, task, first_batch, devices)
+    setup = steps.build(config, task, first_batch, context.mesh)
     # On an error, its background writes are waited for before the error leaves (abandon).
     checkpoints = stack.enter_context(checkpoint.Checkpoints(
-        workdir / CHECKPOINTS_DIR, save_every_steps=tr.checkpoint_every_steps,
+        workdir / CHECKPOINTS_DIR, save_every_steps=schedule.checkpoint_every_steps,
         keep=tr.keep_checkpoints, prng_impl=steps.prng_impl(tr)))
     stack.push(lambda _, error, __: _raise_full_disk(error, checkpoints, workdir))
     setup = steps.compiled_ahead(setup, task, first_batch, executor=executor,
@@ -138,7 +170,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, task: ta
     state, position = restore_or_init(config, setup, checkpoints,
                                       getattr(task.model.config, "vocab_size", None))
     start_step = int(state["step"])
-    total = tr.num_train_steps
+    total = schedule.num_train_steps
     # Where this process stops: the end of the run, or earlier for a time-boxed job.
     stop = total if tr.stop_after_steps < 0 else min(total, tr.stop_after_steps)
     if start_step:
@@ -189,10 +221,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, task: ta
       step += 1
       unchecked.append((step, metrics))
       bar.update(1)
-      if step % tr.log_every_steps == 0 or step == total:
+      if step % schedule.log_every_steps == 0 or step == total:
         check_finite()
         bar.set_postfix(log.write_train(step), refresh=False)
-      if step % tr.eval_every_steps == 0 or step == total:
+      if step % schedule.eval_every_steps == 0 or step == total:
         check_finite()
         eval_metrics = run_eval(step)
         log.restart_clock()
