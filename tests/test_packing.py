@@ -10,7 +10,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from bertjax.configs import tiny
-from bertjax.data import pipeline, sources
+from bertjax.data import packed_rows, pipeline, sources
 from bertjax.data.pretraining import layout, loader, masking, packing, preparation, shards
 from bertjax.errors import UserError
 from bertjax.models import heads
@@ -122,14 +122,14 @@ def test_pack_examples_lays_predictions_out_row_by_row():
               "masked_lm_ids": np.array([[2, 4, 0], [7, 0, 0], [10, 11, 12]], np.int32),
               "masked_lm_weights": np.array([[1, 1, 0], [1, 0, 0], [1, 1, 1]], np.float32)}
   slots = np.array([[True, True], [True, False]])  # examples 0, 1 in row 0; 2 in row 1
-  batch = packing.pack_examples(examples, slots, predictions=4)
+  batch = packed_rows.pack_examples(examples, slots, predictions=4)
   np.testing.assert_array_equal(batch["input_ids"][0], [1, 2, 3, 4, 5, 6, 7, 8])
   np.testing.assert_array_equal(batch["masked_lm_positions"], [[1, 3, 6, 0], [1, 2, 3, 0]])
   np.testing.assert_array_equal(batch["masked_lm_ids"], [[2, 4, 7, 0], [10, 11, 12, 0]])
   np.testing.assert_array_equal(batch["masked_lm_weights"], [[1, 1, 1, 0], [1, 1, 1, 0]])
-  assert packing.pack_examples(examples, slots)["masked_lm_ids"].shape == (2, 6)  # k * P
+  assert packed_rows.pack_examples(examples, slots)["masked_lm_ids"].shape == (2, 6)  # k * P
   with pytest.raises(ValueError, match="3 predictions, more than its 2 slots"):
-    packing.pack_examples(examples, slots, predictions=2)
+    packed_rows.pack_examples(examples, slots, predictions=2)
 
 
 # ----------------------------------------------------------------------------------------------

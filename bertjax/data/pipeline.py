@@ -41,7 +41,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
-from bertjax.data.pretraining import packing as packing_layout
+from bertjax.data import packed_rows
 from bertjax.errors import UserError
 
 Position = dict[str, int]
@@ -168,7 +168,7 @@ class FeatureBatches:
   def _check_packable(self, k: int) -> None:
     """ValueError unless the features and the batch sizes can be packed k to a row."""
     mask = self._features["input_mask"]
-    others = [key for key in self._features if key not in packing_layout.TOKEN_KEYS]
+    others = [key for key in self._features if key not in packed_rows.TOKEN_KEYS]
     if mask.ndim != 2 or any(self._features[key].ndim != 1 for key in others):
       raise ValueError(f"packing takes [N, seq] tokens and [N] per-example keys, not "
                        f"{ {key: value.shape for key, value in self._features.items()} }")
@@ -196,13 +196,13 @@ class FeatureBatches:
     unpacked = {}
     for key, value in self._features.items():
       value = value[examples]
-      if key in packing_layout.TOKEN_KEYS:  # [n, seq] -> [n, width]: cut padding or add it
+      if key in packed_rows.TOKEN_KEYS:  # [n, seq] -> [n, width]: cut padding or add it
         value = value[:, :width] if width <= seq else np.pad(value, [(0, 0), (0, width - seq)])
       unpacked[key] = value
     unpacked["example_weight"] = np.ones(len(examples), np.float32)
     if with_index:
       unpacked["example_index"] = examples.astype(np.int32)
-    return packing_layout.pack_examples(unpacked, filled)
+    return packed_rows.pack_examples(unpacked, filled)
 
   def _order_seed(self) -> int:
     """grain's shuffle seed of the epoch orders, from `seed`."""

@@ -31,10 +31,10 @@ padding every batch to it wastes most of the work. With buckets, each training a
 batch is cut to the smallest bucket that holds the longest example of its global batch
 (`bertjax.data.pipeline`); the jitted steps compile once per bucket used (a batch's longest
 example varies little, so a run uses two or three). "auto" (the default) is every multiple of 32
-up to max_seq_length (`auto_buckets`); "32,64,128" names them (max_seq_length is always added);
-"" pads every batch to max_seq_length. With model.attention=splash, every bucket is rounded up
-to a multiple of 128, as splash needs. Only a spec whose loss and predictions
-ignore padding (`Spec.padding_invariant`: GLUE, NER, SWAG) is cut, so per-example outputs are
+up to max_seq_length; "32,64,128" names them (max_seq_length is always added); "" pads every
+batch to max_seq_length (the policy: `bertjax.data.finetuning.batching`). With
+model.attention=splash, every bucket is rounded up to a multiple of 128, as splash needs. Only a
+spec whose loss and predictions ignore padding (`Spec.padding_invariant`: GLUE, NER, SWAG) is cut, so per-example outputs are
 those of full padding; SQuAD keeps max_seq_length (run_squad's softmax spans the padding too).
 
 Packing (`data.packing=k`, sequence classification: `Spec.packable`, GLUE): each global batch of
@@ -43,8 +43,8 @@ from its own [CLS] and attending only to itself, with the rows cut to the length
 k * max_seq_length). The batch is still the same examples, so the loss, the steps and the data
 positions are those of unpacked batches; evaluation predictions are put back in the examples'
 order. Short sentences then cost their own tokens, not a bucket's padding. The default,
-data.packing="auto" (`auto_packing`), packs where this is exact and pays: a packable spec with
-length buckets, as many examples a row as fit in max_seq_length on average (the bundled movie
+data.packing="auto" (`batching.auto_packing`), packs where this is exact and pays: a packable
+spec with length buckets, as many examples a row as fit in max_seq_length on average (the bundled movie
 reviews at 128: 4); every other task, and model.bilstm_on_top, stays unpacked. The run's first
 line says how many examples a row it took.
 """
@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import math
 from collections.abc import Mapping
 from typing import Any, Callable
 
@@ -62,7 +61,8 @@ import numpy as np
 from etils import epath
 
 from bertjax import run_config, tokenization
-from bertjax.data.pipeline import FeatureBatches, example_lengths
+from bertjax.data.finetuning import batching
+from bertjax.data.pipeline import FeatureBatches
 from bertjax.errors import UserError
 from bertjax.modeldir import model_files, model_options
 from bertjax.models import attention
@@ -196,106 +196,29 @@ def load_pretrained(config: run_config.FinetuningRun, what: str) -> Pretrained:
   return Pretrained(model_dir, bert_config, tokenizer, files)
 
 
-def auto_buckets(longest: int) -> tuple[int, ...]:
-  """data.length_buckets="auto": every multiple of 32 below `longest` (max_seq_length, or a
-  packed row's k * max_seq_length), then `longest` (128: 32, 64, 96, 128)."""
-  return tuple(range(32, longest, 32)) + (longest,)
-
-
 def length_buckets(config: run_config.FinetuningRun, examples_a_row: int = 0
                    ) -> tuple[int, ...]:
-  """The bucket lengths data.length_buckets asks for, ascending and ending in the longest row:
-  max_seq_length, or max_seq_length * examples_a_row packed (module docstring); () for ""
-  (every batch at that longest length). With model.attention=splash each is rounded up to a
-  multiple of `attention.SPLASH_MULTIPLE` (128: 32, 64, 96, 128 -> 128).
-
-  Raises:
-    UserError: a value that is not "auto", "" or comma-separated lengths from 1 to the longest.
-  """
-  value = str(config.data.length_buckets).strip()
-  longest = config.data.max_seq_length * max(examples_a_row, 1)
-  if not value:
-    return ()
-  if value == "auto":
-    lengths = set(auto_buckets(longest))
-  else:
-    try:
-      lengths = {int(part) for part in value.split(",") if part.strip()}
-    except ValueError:
-      lengths = set()
-    if not lengths or not all(1 <= n <= longest for n in lengths):
-      row = (f"data.max_seq_length={config.data.max_seq_length} x data.packing={examples_a_row}"
-             if examples_a_row else f"data.max_seq_length={longest}")
-      raise UserError(f"data.length_buckets={value!r}; give comma-separated sequence lengths "
-                      f"from 1 to {row} (e.g. {longest // 4},{longest // 2},{longest}), "
-                      "\"auto\" or \"\" (no buckets: every batch padded to the longest).")
-  if config.model.attention == "splash":  # the lengths splash runs at
-    multiple = attention.SPLASH_MULTIPLE
-    lengths = {min(math.ceil(n / multiple) * multiple, longest) for n in lengths}
-  return tuple(sorted(lengths | {longest}))
+  """The bucket lengths of the config's data.length_buckets (`batching.length_buckets`), rounded
+  up to splash attention's multiple where model.attention=splash."""
+  multiple = attention.SPLASH_MULTIPLE if config.model.attention == "splash" else 1
+  return batching.length_buckets(config.data.length_buckets, config.data.max_seq_length,
+                                 examples_a_row, multiple)
 
 
 def packing(config: run_config.FinetuningRun, spec: Spec, context: task_lib.RunContext,
             train: Features | None = None) -> int:
-  """data.packing, the examples a row (0: one, unpacked), checked against the spec and the
-  batch sizes (rows in multiples of `context.row_multiple`); "auto" is `auto_packing`'s choice
-  for the training features `train`.
-
-  Raises:
-    UserError: not "auto" or a whole number from 0, packing asked of a task that cannot pack, or
-      batch sizes that do not make whole rows spread evenly over the hosts and the mesh's batch
-      shards.
-  """
-  value = str(config.data.packing).strip().lower()
-  if value == "auto":
-    return auto_packing(config, spec, context, train)
-  try:
-    k = int(value)
-  except ValueError:
-    k = -1
-  if not k:
-    return 0
-  if k < 0:
-    raise UserError(f"data.packing={config.data.packing}; give the examples a row (e.g. 4), 0 "
-                    "for none, or auto.")
-  if config.model.bilstm_on_top:
-    raise UserError(f"data.packing={k} with model.bilstm_on_top: the BiLSTM would run across "
-                    "the sequences packed in a row; set --config.data.packing=0 "
-                    "(data.length_buckets cuts the padding instead).")
-  if not spec.packable:
-    raise UserError(f"data.packing={k}: {spec.name} cannot pack (its model gives one output "
-                    "per row, or per token); set --config.data.packing=0. data.length_buckets "
-                    "cuts its padding instead.")
-  shards = context.row_multiple
-  for name in ("batch_size", "eval_batch_size"):
-    size = getattr(config.train, name)
-    if size % k or (size // k) % shards:
-      raise UserError(
-          f"train.{name}={size} with data.packing={k} makes {size / k:g} rows, which must be "
-          f"whole and split over {shards} batch shards (devices, hosts and grad_accum_steps); "
-          f"make train.{name} a multiple of {k * shards}.")
-  return k
-
-
-def auto_packing(config: run_config.FinetuningRun, spec: Spec, context: task_lib.RunContext,
-                 train: Features | None) -> int:
-  """data.packing="auto": as many examples a row as fit in max_seq_length on average (the mean
-  length of the training features `train`), lowered to the largest k that makes whole rows of
-  both batch sizes spread evenly over the batch shards; 0 (unpacked) where packing is not exact
-  (a spec that cannot pack, model.bilstm_on_top), where rows are not cut to length buckets
-  (data.length_buckets="": a packed row would be k x max_seq_length wide), or where no k >= 2
-  fits."""
-  if (not spec.packable or not spec.padding_invariant or not length_buckets(config)
-      or config.model.bilstm_on_top or not train):
-    return 0
-  mean = float(np.mean(example_lengths(train["input_mask"])))
-  fit = int(config.data.max_seq_length // max(mean, 1.0))
-  shards, tr = context.row_multiple, config.train
-  for k in range(fit, 1, -1):
-    if all(size % k == 0 and (size // k) % shards == 0
-           for size in (tr.batch_size, tr.eval_batch_size)):
-      return k
-  return 0
+  """The examples a row of the config's data.packing (`batching.packing`), for `spec`'s model,
+  the batch sizes and `context`'s row multiple; "auto" measures the training features `train`."""
+  rows = batching.Packable(
+      task=spec.name, packable=spec.packable,
+      exact=(spec.padding_invariant and bool(length_buckets(config))
+             and not config.model.bilstm_on_top),
+      bilstm_on_top=config.model.bilstm_on_top, max_seq_length=config.data.max_seq_length,
+      batch_sizes={"batch_size": config.train.batch_size,
+                   "eval_batch_size": config.train.eval_batch_size},
+      row_multiple=context.row_multiple)
+  return batching.packing(config.data.packing, rows, None if train is None
+                          else train["input_mask"])
 
 
 def feature_batches(config: run_config.FinetuningRun, context: task_lib.RunContext,

@@ -18,7 +18,7 @@ run resumed on another number of hosts continues exactly. A batch reads only its
 Packing (`packing=True`): the stream is the phase's packs (packing.py: plans made at
 preparation) instead of its pairs, one pack a row, read and resumed exactly as pairs are. Each
 pair of a pack is masked as it would be unpacked, then the pairs are laid out one after the other
-in the row (packing.pack_examples), with position_ids, sequence_ids [batch, seq] and
+in the row (`bertjax.data.packed_rows`), with position_ids, sequence_ids [batch, seq] and
 cls_positions [batch, k]; masked_lm_* become [batch, W], each row's real predictions first (W =
 packing.predictions_per_row: the most a row of k pairs can have, e.g. 21 at 128 tokens, k = 3,
 20 a pair), next_sentence_label and example_weight [batch, k] (example_weight 0 in empty slots).
@@ -50,12 +50,12 @@ from collections.abc import Iterator
 import numpy as np
 
 from bertjax import tokenization
-from bertjax.data import pipeline
+from bertjax.data import packed_rows, pipeline
 from bertjax.data.pretraining import layout, masking, packing, pairs, shards
 from bertjax.errors import UserError
 
 BATCH_KEYS = pairs.PAIR_KEYS + masking.MASK_KEYS + ("example_weight",)
-PACKED_BATCH_KEYS = BATCH_KEYS + packing.PACKED_KEYS
+PACKED_BATCH_KEYS = BATCH_KEYS + packed_rows.PACKED_KEYS
 _STATIC_MASKS, _DYNAMIC_MASKS, _ORDER = 0, 1, 2  # kinds of seed, so no two draws share one
 
 
@@ -294,7 +294,7 @@ class PairBatches:
     epochs = np.broadcast_to(np.asarray(epochs)[:, None], records.shape)
     examples = self._batch("train", records[filled], epochs[filled])  # [filled, ...] unpacked
     try:
-      batch = packing.pack_examples(examples, filled, self.row_predictions)
+      batch = packed_rows.pack_examples(examples, filled, self.row_predictions)
     except ValueError as e:
       raise UserError(f"a packing plan of {self.data.directory} at {self.length} tokens is "
                       f"damaged ({e}); prepare the data again.") from None
