@@ -34,8 +34,9 @@ example varies little, so a run uses two or three). "auto" (the default) is ever
 up to max_seq_length; "32,64,128" names them (max_seq_length is always added); "" pads every
 batch to max_seq_length (the policy: `bertjax.data.finetuning.batching`). With
 model.attention=splash, every bucket is rounded up to a multiple of 128, as splash needs. Only a
-spec whose loss and predictions ignore padding (`Spec.padding_invariant`: GLUE, NER, SWAG) is cut, so per-example outputs are
-those of full padding; SQuAD keeps max_seq_length (run_squad's softmax spans the padding too).
+spec whose loss and predictions ignore padding (`Spec.padding_invariant`: GLUE, NER, SWAG) is
+cut, so per-example outputs are those of full padding; SQuAD keeps max_seq_length (run_squad's
+softmax spans the padding too).
 
 Packing (`data.packing=k`, sequence classification: `Spec.packable`, GLUE): each global batch of
 train.batch_size examples is laid out k to a row (`bertjax.data.pipeline`), each example pooled
@@ -44,9 +45,9 @@ k * max_seq_length). The batch is still the same examples, so the loss, the step
 positions are those of unpacked batches; evaluation predictions are put back in the examples'
 order. Short sentences then cost their own tokens, not a bucket's padding. The default,
 data.packing="auto" (`batching.auto_packing`), packs where this is exact and pays: a packable
-spec with length buckets, as many examples a row as fit in max_seq_length on average (the bundled movie
-reviews at 128: 4); every other task, and model.bilstm_on_top, stays unpacked. The run's first
-line says how many examples a row it took.
+spec with length buckets, as many examples a row as fit in max_seq_length on average (the
+bundled movie reviews at 128: 4); every other task, and model.bilstm_on_top, stays unpacked. The
+run's first line says how many examples a row it took.
 """
 from __future__ import annotations
 
