@@ -8,6 +8,7 @@ import numpy as np
 import optax
 import pytest
 
+from bertjax import run_config
 from bertjax.configs import tiny
 from bertjax.training import optim, steps
 from bertjax.errors import UserError
@@ -223,15 +224,21 @@ def test_lamb_state_is_that_of_optax_lamb():
           == jax.tree.structure(earlier.init(_tiny_params())))
 
 
+def _typed(train):
+  """The typed train section (`run_config.typed`) of a ConfigDict's `train`; a field it lacks (an
+  earlier bertjax's config) takes its default."""
+  return run_config.typed(train, run_config.PretrainingTrain)
+
+
 def test_the_config_sets_the_decay_power():
   """train.lr_decay_power reaches the schedule; a config of an earlier bertjax, without the
   field, decays linearly."""
   train = tiny.get_config().train
   train.update(learning_rate=1.0, warmup_steps=0, num_train_steps=4, lr_decay_power=0.5)
-  _, schedule = steps.make_optimizer(train)
+  _, schedule = steps.make_optimizer(_typed(train))
   np.testing.assert_allclose(float(schedule(2)), 0.5**0.5, rtol=1e-6)
   del train["lr_decay_power"]
-  _, schedule = steps.make_optimizer(train)
+  _, schedule = steps.make_optimizer(_typed(train))
   np.testing.assert_allclose(float(schedule(2)), 0.5, rtol=1e-6)
 
 
@@ -244,7 +251,7 @@ def test_decay_from_step_0_is_nvidias_and_the_original_tf_schedule():
   train = tiny.get_config().train
   train.update(learning_rate=peak, warmup_steps=warmup, num_train_steps=total,
                lr_decay_power=0.5, lr_decay_from_step_0=True)
-  _, schedule = steps.make_optimizer(train)
+  _, schedule = steps.make_optimizer(_typed(train))
   for step in range(total + 3):
     progress = step / total
     nvidia = (peak * progress / (warmup / total) if progress < warmup / total
@@ -252,13 +259,13 @@ def test_decay_from_step_0_is_nvidias_and_the_original_tf_schedule():
     np.testing.assert_allclose(float(schedule(step)), nvidia, rtol=1e-5, atol=1e-9)
   assert float(schedule(warmup)) < 0.85 * peak  # the step down as warmup ends
   train.update(lr_decay_power=1.0)
-  _, schedule = steps.make_optimizer(train)
+  _, schedule = steps.make_optimizer(_typed(train))
   for step in range(total):
     decayed = peak * (1.0 - min(step, total) / total)
     tf = peak * step / warmup if step < warmup else decayed
     np.testing.assert_allclose(float(schedule(step)), tf, rtol=1e-5, atol=1e-9)
   del train["lr_decay_from_step_0"]  # an earlier config: from the end of warmup
-  _, schedule = steps.make_optimizer(train)
+  _, schedule = steps.make_optimizer(_typed(train))
   np.testing.assert_allclose(float(schedule(warmup)), peak, rtol=1e-6)
 
 
@@ -291,7 +298,7 @@ def test_wsd_schedule_is_warmup_plateau_decay_step_by_step(shape, warmup, total,
   train = tiny.get_config().train
   train.update(learning_rate=peak, warmup_steps=warmup, num_train_steps=total,
                lr_schedule="wsd", decay_steps=decay, decay_shape=shape)
-  _, schedule = steps.make_optimizer(train)
+  _, schedule = steps.make_optimizer(_typed(train))
   for step in range(total + 5):
     by_hand = _wsd_by_hand(step, peak=peak, warmup=warmup, total=total, decay=decay, shape=shape)
     np.testing.assert_allclose(float(schedule(step)), by_hand, rtol=1e-5, atol=1e-12, err_msg=step)
@@ -328,7 +335,7 @@ def test_bad_wsd_settings_are_refused(fields, message):
   train = tiny.get_config().train
   train.update(warmup_steps=10, num_train_steps=100, **fields)
   with pytest.raises(UserError, match=message):
-    steps.make_optimizer(train)
+    steps.make_optimizer(_typed(train))
 
 
 def test_a_config_without_the_wsd_fields_keeps_the_linear_schedule():
@@ -336,7 +343,7 @@ def test_a_config_without_the_wsd_fields_keeps_the_linear_schedule():
   train.update(learning_rate=1.0, warmup_steps=0, num_train_steps=4)
   for name in ("lr_schedule", "decay_steps", "decay_shape"):
     del train[name]
-  _, schedule = steps.make_optimizer(train)
+  _, schedule = steps.make_optimizer(_typed(train))
   np.testing.assert_allclose([float(schedule(s)) for s in range(5)], [1.0, 0.75, 0.5, 0.25, 0.0])
 
 
