@@ -1,6 +1,7 @@
-"""The configs (configs/, installed as the package bertjax.configs): each builds, each task's
-config is one of the two defaults plus the listed fields, and `--config=configs/NAME.py` is
-found from any directory."""
+"""The configs (bertjax/configs/, the package bertjax.configs) and their schemas
+(bertjax/run_config.py): each config builds with every field of its schema, each task's config
+is one of the two defaults plus the listed fields, derived values follow the final ones, and
+`--config=configs/NAME.py` is found from any directory."""
 import filecmp
 import importlib
 import os
@@ -8,9 +9,18 @@ import re
 import subprocess
 import sys
 
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
 import pytest
 
-from bertjax.configs import base, finetuning, squad, tiny
+from bertjax import run_config, tasks
+from bertjax.configs import base, finetuning, modernbert, squad, tiny
+from bertjax.errors import UserError
+from bertjax.training import steps
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(ROOT, "bertjax", "configs")
@@ -33,8 +43,7 @@ DELTAS = {
         "data.predict_splits": ""}),
     "ner": (finetuning.get_config, {
         "task": "ner", "data.data_dir": "", "data.train_file": "train.txt", "data.eval_file": "",
-        "data.predict_file": "", "data.label_column": -1, "train.learning_rate": 5e-5,
-        "model.feature_layers": "", "model.feature_bilstm_units": 768}),
+        "data.predict_file": "", "data.label_column": -1, "train.learning_rate": 5e-5}),
     "swag": (finetuning.get_config, {
         "task": "swag", "data.train_file": "", "data.eval_file": "", "data.predict_file": "",
         "train.batch_size": 16}),
@@ -92,11 +101,85 @@ def test_squad_v2_changes_two_fields():
   assert squad.get_config("v1.1").to_dict() == squad.get_config().to_dict()
 
 
-@pytest.mark.parametrize("module", [tiny, finetuning])
-def test_every_field_of_the_defaults_is_commented(module):
-  with open(module.__file__, encoding="utf-8") as f:
-    fields = [line for line in f if re.match(r"\s+config\.[\w.]+ = (?!ml_collections)", line)]
-  assert len(fields) > 20 and [line for line in fields if "  # " not in line] == []
+def test_every_field_of_the_schemas_is_commented():
+  """Each field of bertjax/run_config.py is commented where it is first defined (a subclass may
+  give it another default without repeating the comment; a section is its class's docstring)."""
+  with open(run_config.__file__, encoding="utf-8") as f:
+    lines = [line for line in f if re.match(r"  \w+: [\w\[\]. |]+ = ", line)
+             and "default_factory" not in line]
+  seen, uncommented = set(), []
+  for line in lines:
+    name = line.split(":")[0].strip()
+    if name not in seen and "  # " not in line:
+      uncommented.append(line.strip())
+    seen.add(name)
+  assert len(seen) > 90 and uncommented == []
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_config_knows_every_field_of_its_schema(name):
+  """A config holds every field of its task's schema (so `--config.model.architecture=...` is a
+  field of configs/tiny.py and configs/glue.py alike, and a wrong value is named as a value), and
+  reads into it unchanged."""
+  config = importlib.import_module(f"bertjax.configs.{name}").get_config()
+  schema = tasks.REGISTRY[config.task or "mrpc"].schema if name != "finetuning" else \
+      run_config.FinetuningRun
+  assert set(_flat(config)) == set(_flat(ml_collections.ConfigDict(
+      dataclasses.asdict(schema()))))
+  if name != "finetuning":
+    assert type(tasks.typed(config)) is schema
+  if name != "features":  # feature extraction reads the model as it is
+    assert "architecture" in config.model
+
+
+def test_a_key_of_no_field_is_refused_at_the_boundary():
+  config = tiny.get_config()
+  with config.unlocked():
+    config.data.doc_stride = 128  # a SQuAD field, not pretraining's
+  with pytest.raises(UserError, match=r"unknown config key\(s\) data.doc_stride for a "
+                                      r"PretrainingData"):
+    tasks.typed(config)
+
+
+def test_a_fine_tuning_architecture_other_than_the_models_is_a_bad_value(tmp_path, random_bert):
+  from bertjax.tasks import finetuning as finetuning_task  # pylint: disable=import-outside-toplevel
+  model_dir = random_bert(tmp_path / "model", ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a"])
+  config = run_config.defaults(run_config.GlueRun)
+  config.init_checkpoint = str(model_dir)
+  config.data.max_seq_length = 32
+  config.model.architecture = "modernbert"
+  with pytest.raises(UserError, match="model.architecture=modernbert but .* holds a bert model"):
+    finetuning_task.load_pretrained(tasks.typed(config), "GLUE fine-tuning")
+  config.model.architecture = "bert"
+  assert finetuning_task.load_pretrained(tasks.typed(config), "GLUE").bert_config.architecture \
+      == "bert"
+
+
+@pytest.mark.parametrize("steps_asked,warmup", [(2000, 200), (50, 5), (7, 0)])
+def test_the_tiny_warmup_follows_the_final_steps(steps_asked, warmup):
+  config = tiny.get_config()
+  config.train.num_train_steps = steps_asked
+  assert tasks.typed(config).train.warmup_steps == warmup
+  config.train.warmup_steps = 3  # set, it is kept
+  assert tasks.typed(config).train.warmup_steps == 3
+
+
+@pytest.mark.parametrize("learning_rate", [8e-4, 2e-3])
+def test_modernberts_decoupled_decay_follows_the_final_rate(learning_rate):
+  """ModernBERT's weight decay is 1e-5 a step at the peak (optimi's decouple_lr) whatever rate
+  the command line gives: one AdamW update on zero gradients shrinks a kernel by exactly 1e-5
+  of itself."""
+  config = modernbert.get_config()
+  config.train.learning_rate = learning_rate
+  config.train.optimizer = "adamw"
+  config.train.warmup_steps = 0
+  config.train.decay_steps = 0  # wsd: the peak rate from the first step
+  train = tasks.typed(config).train
+  assert (train.weight_decay, train.decouple_lr) == (1e-5, True)
+  tx, _ = steps.make_optimizer(train)
+  params = {"dense": {"kernel": jnp.ones((2, 2))}}
+  updates, _ = tx.update(jax.tree.map(jnp.zeros_like, params), tx.init(params), params)
+  np.testing.assert_allclose(updates["dense"]["kernel"], -1e-5, rtol=1e-5)
 
 
 def test_config_file_resolves_to_the_packaged_configs_outside_the_repository(tmp_path,
