@@ -2,8 +2,11 @@
 unknown pretraining.objective, data.packing with either ablation, data prepared without
 contiguous spans, and a left-to-right LM on data with static ([MASK]ed) masks.
 """
+import dataclasses
+
 import pytest
 
+from bertjax import tasks
 from bertjax.data.pretraining import layout, loader, masking, preparation
 from bertjax.errors import UserError
 from bertjax.tasks import pretraining_config, pretraining_data
@@ -26,13 +29,13 @@ def test_ablation_configs_and_data_that_cannot_work_are_refused(corpus, tmp_path
     c.data.prepared, c.data.max_seq_length, c.data.max_predictions_per_seq = data_dir, 32, 5
     c.data.dynamic_masking = False
     c.pretraining.update(ablation)
-    return c
+    return tasks.typed(c)
 
   with pytest.raises(UserError, match="pretraining.objective='bert'; use mlm .* or ltr"):
     pretraining_config.check_config(config(objective="bert"))
   for ablation in (dict(nsp=False), dict(objective="ltr")):
     packed = config(**ablation)
-    packed.data.packing = True
+    packed = dataclasses.replace(packed, data=dataclasses.replace(packed.data, packing=True))
     with pytest.raises(UserError, match="are not packed; set data.packing=false"):
       pretraining_config.check_config(packed)
     with pytest.raises(UserError, match="lacks at 32 tokens; prepare the text with "

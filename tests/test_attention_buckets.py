@@ -5,11 +5,16 @@ import dataclasses
 
 import pytest
 
+from bertjax import run_config
 from bertjax.configs import finetuning as finetuning_config
 from bertjax.models import attention
 from bertjax.tasks import finetuning
 
 from attention_helpers import CONFIG
+
+
+def _typed(config):
+  return run_config.typed(config, run_config.FinetuningRun)
 
 
 @pytest.mark.parametrize("value, max_seq_length, packing, expected", [
@@ -23,7 +28,7 @@ def test_splash_buckets_are_lengths_splash_runs_at(value, max_seq_length, packin
   config = finetuning_config.get_config()
   config.model.attention = "splash"
   config.data.length_buckets, config.data.max_seq_length = value, max_seq_length
-  buckets = finetuning.length_buckets(config, packing)
+  buckets = finetuning.length_buckets(_typed(config), packing)
   assert buckets == expected
   splash = dataclasses.replace(CONFIG, attention="splash")
   for length in buckets:  # raised "needs a ... multiple of 128, got 32" before the rounding
@@ -34,4 +39,4 @@ def test_other_paths_keep_the_buckets_asked_for():
   config = finetuning_config.get_config()
   for path in ("auto", "xla", "reference"):
     config.model.attention = path
-    assert finetuning.length_buckets(config) == (32, 64, 96, 128)
+    assert finetuning.length_buckets(_typed(config)) == (32, 64, 96, 128)
