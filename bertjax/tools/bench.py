@@ -14,8 +14,7 @@ ids, positions and one [CLS] and NSP label each, and the same max_predictions pe
 of the block-diagonal mask; the gain of packing, fewer padding tokens, depends on the data and
 is reported by `python -m bertjax.tools.data_benchmark`), `--architecture=modernbert`
 (ModernBERT of MODERNBERT_SIZES' `--size`, masked LM alone, no attention dropout; bertjax alone),
-`--remat`, `--optimizer` and `--prng`
-(`train.prng_impl`: the keys of the init and of dropout). Every bertjax row also gives the
+`--remat`, `--optimizer` and `--prng` (`train.prng_impl`: the keys of the init and of dropout). Every bertjax row also gives the
 seconds its train step and its parameter init (`steps.build(...).compile_init`, threefry lowered
 as one kernel a hash on GPUs) take to compile, and the compiled memory per device of its train
 step (`jit(step).lower(...).compile().memory_analysis()`: arguments + outputs - donated +
@@ -26,9 +25,8 @@ The peers run on the same machine, in one process, on the same random batch (eve
 `max_predictions` masked positions per example), and do the whole step: forward with dropout 0.1,
 MLM + NSP loss, backward, clipping to global norm 1.0 and an AdamW update.
 
-- bertjax: the trainer's own step,
-  `bertjax.training.steps.build(config, task).train_step(state, batch)` (jitted, donated state)
-  with configs/tiny.py's optimizer fields, the model of `--size`.
+- bertjax: the trainer's own step, `steps.build(config, task, batch, mesh).train_step(state,
+  batch)` (jitted, donated state) with configs/tiny.py's optimizer fields, the model of `--size`.
 - torch: `transformers.BertForPreTraining` in train mode, `torch.optim.AdamW(lr=1e-4,
   betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01)`, loss = MLM (labels -100 off the masked
   positions, as HF does) + NSP, `clip_grad_norm_(1.0)`, step, zero_grad. bfloat16 runs under
