@@ -1,4 +1,5 @@
 """bertjax.training.compile_ahead: steps compiled ahead per batch shape, and the shapes a run will meet."""
+import itertools
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -51,7 +52,8 @@ def test_distinct_shapes_of_bucketed_batches_are_the_widths_an_epoch_meets():
               "label": np.zeros(96, np.int32)}
   batches = FeatureBatches(features, batch_size=8, seed=0, length_buckets=(16, 32, 48))
   epoch = [batch for (batch, _), _ in zip(batches.iterate(None), range(12))]
-  samples = compile_ahead.distinct_shapes((batch for batch, _ in batches.iterate(None)), 12)
+  samples = compile_ahead.distinct_shapes(
+      itertools.islice((batch for batch, _ in batches.iterate(None)), 12))
   widths = [batch["input_ids"].shape[1] for batch in samples]
   assert sorted(widths) == sorted({batch["input_ids"].shape[1] for batch in epoch})
   assert len(widths) == len(set(widths)) > 1

@@ -91,7 +91,7 @@ def test_an_earlier_runs_config_reads_the_fields_it_lacks_as_their_defaults(pret
                 "lr_schedule"):
     del saved["train"][field]
   del saved["data"]["packing"]
-  config = torch_pretraining.over_defaults(saved)
+  config = torch_pretraining.read_config(saved)
   assert (config.train.optimizer, config.train.lr_decay_power, config.train.lr_schedule,
           config.data.packing) == ("adamw", 1.0, "linear", False)
   assert config.train.num_train_steps == 10 and config.data.max_seq_length == 32
