@@ -361,4 +361,6 @@ def make_task(spec: Spec, config: run_config.FinetuningRun, workdir: str,
 
 def run(spec: Spec, config: run_config.FinetuningRun, workdir: str) -> dict[str, float]:
   """Fine-tunes as `spec` and the config say; returns the last evaluation's metrics."""
-  return train.run(config, workdir, lambda context: make_task(spec, config, workdir, context))
+  context = train.run_context(config)  # the mesh, once: bad batch sizes fail before any data
+  return train.train_and_evaluate(config, workdir, make_task(spec, config, workdir, context),
+                                  context)

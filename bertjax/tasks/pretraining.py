@@ -165,8 +165,8 @@ def make_task(config: run_config.PretrainingRun, workdir: str,
   pretraining_data.check_prepared(prepared, config)
   special = masking.SpecialTokens.from_tokenizer(tok)
   word_tables = tok.word_boundary_tables() if data.whole_word_masking else None
-  nsp = pretraining_config.uses_nsp(config)
-  left_to_right = pretraining_config.is_left_to_right(config)
+  nsp = config.pretraining.uses_nsp
+  left_to_right = config.pretraining.left_to_right
 
   def batches(length: int, max_predictions: int, batch_size: int,
               packing: bool = False) -> loader.PairBatches:
@@ -233,4 +233,5 @@ def make_task(config: run_config.PretrainingRun, workdir: str,
 
 def run(config: run_config.PretrainingRun, workdir: str) -> dict[str, float]:
   """Pretrains as the config says; returns the last held-out evaluation."""
-  return train.run(config, workdir, lambda context: make_task(config, workdir, context))
+  context = train.run_context(config)  # the mesh, once: bad batch sizes fail before any data
+  return train.train_and_evaluate(config, workdir, make_task(config, workdir, context), context)

@@ -1,8 +1,8 @@
-"""The pretraining section of a config: its objective (the paper's or an ablation), the checks of
-its fields, and the BertConfig of its model.
+"""A pretraining config's checks and the BertConfig of its model.
 
 `config.pretraining` chooses the paper's MLM + NSP, "No NSP" (`nsp=false`) or "LTR & No NSP"
-(`objective=ltr`); `bertjax.tasks.pretraining`'s docstring says what each trains on.
+(`objective=ltr`; `run_config.Objective.uses_nsp` and `.left_to_right` say which);
+`bertjax.tasks.pretraining`'s docstring says what each trains on.
 """
 from __future__ import annotations
 
@@ -17,18 +17,6 @@ OBJECTIVES = ("mlm", "ltr")  # config.pretraining.objective: masked LM, left-to-
 # config.model fields only architecture=modernbert reads (bertjax.models.config.BertConfig).
 MODERNBERT_FIELDS = ("local_attention", "global_attention_every", "rope_theta_global",
                      "rope_theta_local")
-
-
-def uses_nsp(config: run_config.PretrainingRun) -> bool:
-  """Whether the run trains next-sentence prediction on NSP pairs (the paper's BERT), rather
-  than an ablation on contiguous spans (pretraining.nsp=false, or objective=ltr, which has no
-  NSP)."""
-  return config.pretraining.uses_nsp
-
-
-def is_left_to_right(config: run_config.PretrainingRun) -> bool:
-  """Whether the run trains the left-to-right LM (pretraining.objective=ltr)."""
-  return config.pretraining.left_to_right
 
 
 def check_config(config: run_config.PretrainingRun) -> None:
@@ -71,8 +59,8 @@ def check_config(config: run_config.PretrainingRun) -> None:
   if config.pretraining.objective not in OBJECTIVES:
     raise UserError(f"pretraining.objective={config.pretraining.objective!r}; use mlm (the "
                     "masked LM) or ltr (a left-to-right LM, the paper's LTR & No NSP).")
-  if data.packing and not uses_nsp(config):
-    which = ("pretraining.objective=ltr" if is_left_to_right(config)
+  if data.packing and not config.pretraining.uses_nsp:
+    which = ("pretraining.objective=ltr" if config.pretraining.left_to_right
              else "pretraining.nsp=false")
     raise UserError(f"data.packing=true packs NSP pairs, but {which} trains on contiguous "
                     "spans, which fill their rows already (each is as long as the sequence "
@@ -90,7 +78,7 @@ def _check_modernbert(config: run_config.PretrainingRun) -> None:
       raise UserError(f"model.long_rope_theta_global={long_theta} is ModernBERT's context "
                       "extension; set it to 0 for architecture=bert (no rotary embeddings).")
     return
-  if uses_nsp(config) or is_left_to_right(config):
+  if config.pretraining.uses_nsp or config.pretraining.left_to_right:
     raise UserError("model.architecture=modernbert pretrains the masked LM alone on contiguous "
                     "spans; set --config.pretraining.nsp=false and pretraining.objective=mlm.")
   if long_theta and not data.long_seq_length:
@@ -121,7 +109,7 @@ def model_config(config: run_config.PretrainingRun, vocab_size: int) -> bert_con
   try:
     bert_config = bert_configs.bert_config(
         m.size, architecture=architecture, vocab_size=vocab_size, hidden_act=m.hidden_act,
-        max_position_embeddings=m.max_position_embeddings, causal=is_left_to_right(config),
+        max_position_embeddings=m.max_position_embeddings, causal=config.pretraining.left_to_right,
         **modernbert, **model_options.pretraining_overrides(m))
   except (KeyError, ValueError) as e:
     raise UserError(f"bad model config: {e}".rstrip(".") + ". Check the config.model fields.") \

@@ -20,7 +20,6 @@ from bertjax.data import sources
 from bertjax.data.pretraining import layout, loader, preparation
 from bertjax.errors import UserError
 from bertjax.modeldir import model_files, saved_params
-from bertjax.tasks.pretraining_config import is_left_to_right, uses_nsp
 from bertjax.workdir import DATA_DIR
 
 
@@ -100,7 +99,7 @@ def prepare_options(config: run_config.PretrainingRun) -> layout.Options:
       masked_lm_prob=data.masked_lm_prob, whole_word_masking=data.whole_word_masking,
       seed=config.seed, max_sequences_per_row=data.max_sequences_per_row,
       tfds_feature=data.tfds_feature, tfds_data_dir=data.tfds_data_dir,
-      contiguous=not uses_nsp(config))
+      contiguous=not config.pretraining.uses_nsp)
 
 
 def prepared_data(config: run_config.PretrainingRun, workdir: str) -> loader.PreparedData:
@@ -176,7 +175,7 @@ def check_prepared(data: loader.PreparedData, config: run_config.PretrainingRun)
                     f"{data.flags['whole_word_masking']}; set data.whole_word_masking to match.")
   if config.data.packing:
     _check_packs(data, config)
-  if not uses_nsp(config):
+  if not config.pretraining.uses_nsp:
     _check_spans(data, config)
 
 
@@ -184,7 +183,7 @@ def _check_spans(data: loader.PreparedData, config: run_config.PretrainingRun) -
   """UserError unless every phase's length has contiguous spans (prepare --contiguous=true)."""
   for length in (config.data.max_seq_length, config.data.long_seq_length):
     if length and not data.has_contiguous(length):
-      which = ("pretraining.objective=ltr" if is_left_to_right(config)
+      which = ("pretraining.objective=ltr" if config.pretraining.left_to_right
                else "pretraining.nsp=false")
       raise UserError(f"{which} trains on contiguous spans, which {data.directory} lacks at "
                       f"{length} tokens; prepare the text with --contiguous=true (python -m "

@@ -78,8 +78,8 @@ def _task(config: run_config.PretrainingRun) -> tuple[task_lib.Task, dict, dict]
   model_config = pretraining_config.model_config(config, data.vocab_size)
   task = task_lib.Task(
       model=heads.BertForPreTraining(model_config,
-                                     next_sentence=pretraining_config.uses_nsp(config)),
-      terms=pretraining.make_terms(5, pretraining_config.uses_nsp(config)),
+                                     next_sentence=config.pretraining.uses_nsp),
+      terms=pretraining.make_terms(5, config.pretraining.uses_nsp),
       batches=task_lib.Batches(train=lambda position: iter(())),
       schedule=task_lib.Schedule.of(tr))
   return task, make(tr.batch_size), make(tr.eval_batch_size)

@@ -43,7 +43,7 @@ from bertjax.convert import hf, hf_files
 from bertjax.errors import UserError
 from bertjax.modeldir import model_files
 from bertjax.models.config import BertConfig
-from bertjax.tasks import pretraining, pretraining_config
+from bertjax.tasks import pretraining
 from bertjax.training.train import run_context
 from bertjax.workdir import CONFIG_FILE
 
@@ -125,7 +125,7 @@ def check_recipe(config: run_config.PretrainingRun) -> None:
              (tr.lr_decay_power != 1.0, f"train.lr_decay_power={tr.lr_decay_power}"),
              (tr.grad_accum_steps != 1, f"train.grad_accum_steps={tr.grad_accum_steps}"),
              (config.data.packing, "data.packing=true"),
-             (pretraining_config.is_left_to_right(config), "pretraining.objective=ltr"),
+             (config.pretraining.left_to_right, "pretraining.objective=ltr"),
              (config.data.long_seq_length, "data.long_seq_length (a second phase)")]
   named = [what for bad, what in refused if bad]
   if named:
@@ -241,7 +241,7 @@ def run(workdir: str, out: str, seed: int = 0) -> dict[str, float]:
     raise UserError(f"{workdir} is a {config.task} run, not a pretraining one.")
   check_recipe(config)
   task = pretraining.make_task(config, workdir, run_context(config))
-  nsp = pretraining_config.uses_nsp(config)
+  nsp = config.pretraining.uses_nsp
   model = hf_model(task.model.config, nsp=nsp, seed=seed)
   optimizer, scheduler = make_optimizer(model, config.train)
   for step, (batch, _) in enumerate(task.batches.train(None), start=1):

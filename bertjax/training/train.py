@@ -1,9 +1,10 @@
 """The trainer's entry point and its loop: from the start state to the last step, evaluating and
 saving on the way.
 
-`run` is what a task calls: it builds the mesh once, checked against the batch sizes, hands the
-task a `RunContext` to make its `Task` with, and trains it. `train_and_evaluate` runs a `Task` (`bertjax.training.task`) with the trainer's services: the
-jitted steps over a mesh (`bertjax.training.steps`), checkpoints
+A task's `run` calls `run_context` (the mesh, built once and checked against the batch sizes,
+and this process's place: the `RunContext` it makes its `Task` with) and then
+`train_and_evaluate`, which runs the `Task` (`bertjax.training.task`) with the trainer's
+services: the jitted steps over the mesh (`bertjax.training.steps`), checkpoints
 (`bertjax.training.checkpoint`), an agreed stop on SIGTERM or SIGINT
 (`bertjax.training.preemption`), the NaN guard (`bertjax.training.divergence`), and the run's
 reports (`bertjax.training.reports`: progress bar aside, metrics.jsonl, TensorBoard,
@@ -22,7 +23,7 @@ import dataclasses
 import itertools
 import json
 import math
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Iterator, Mapping
 
 import jax
 import numpy as np
@@ -33,7 +34,7 @@ from bertjax import run_config
 from bertjax.errors import UserError
 from bertjax.training import (checkpoint, compile_ahead, divergence, parallel, preemption,
                               reports, steps)
-from bertjax.modeldir import checkpoint_faults, model_options, saved_params
+from bertjax.modeldir import checkpoint_faults, saved_params
 from bertjax.training import task as task_lib
 from bertjax.workdir import CHECKPOINTS_DIR, CONFIG_FILE
 
@@ -57,23 +58,13 @@ def _raise_full_disk(error: BaseException | None, checkpoints: checkpoint.Checkp
 
 
 def run_context(config: Any, devices: list[jax.Device] | None = None) -> task_lib.RunContext:
-  """The mesh of `config` (a typed run config), checked against its batch sizes (UserError),
-  and this process's place: what a task is made with."""
+  """The mesh of `config` (a typed run config) over `devices` (default: all), checked against
+  its batch sizes (UserError), and this process's place: what a task is made with."""
   mesh = steps.make_checked_mesh(config, devices)
   shards = parallel.num_batch_shards(mesh) * config.train.grad_accum_steps
   return task_lib.RunContext(mesh=mesh, process_index=jax.process_index(),
                              process_count=jax.process_count(),
                              row_multiple=math.lcm(shards, jax.process_count()))
-
-
-def run(config: Any, workdir: str,
-        make_task: Callable[[task_lib.RunContext], task_lib.Task],
-        devices: list[jax.Device] | None = None) -> dict[str, float]:
-  """Builds the run's context (the mesh, once; batch sizes that do not split over it fail here,
-  before the task reads or writes anything), makes the task with it and trains it; returns the
-  last evaluation's metrics."""
-  context = run_context(config, devices)
-  return train_and_evaluate(config, workdir, make_task(context), context)
 
 
 def restore_or_init(config: Any, setup: steps.Setup,
@@ -179,8 +170,7 @@ def train_and_evaluate(config: Any, workdir: str, task: task_lib.Task,
     # cannot serve (a checkpoint of other data) is refused with the workdir as it was.
     batches = _first_drawn(task.batches.train(position))
     _write_workdir_files(config, workdir, task.files)
-    dtype = model_options.resolve_dtype(config.model.dtype)
-    log = reports.Reports(workdir, bert_config=task.model.config, dtype=dtype,
+    log = reports.Reports(workdir, bert_config=task.model.config, dtype=task.model.config.dtype,
                           devices=list(setup.mesh.devices.flat), main_metric=task.main_metric,
                           start_step=start_step)
     stack.callback(log.close)
