@@ -21,12 +21,13 @@ import squad_helpers
 import test_ner
 import test_swag
 from bertjax.modeldir import model_files
-from bertjax.training import parallel, steps
+from bertjax.training import parallel, steps, train
 from bertjax.modeldir import saved_params
 from bertjax.convert import hf
 from bertjax.errors import UserError
 from bertjax.models import bert, bilstm, heads
 from bertjax.models.config import BertConfig
+from bertjax import tasks
 from bertjax.tasks import FINETUNING, finetuning
 
 
@@ -188,11 +189,12 @@ HEAD_KINDS = {"glue": "sequence_classification", "ner": "token_tagging", "squad"
 def test_bilstm_on_top_trains_every_head_kind(kind, model_dir, data_dir, tmp_path):
   """The pretrained encoder loads into bert/ as saved, the BiLSTM (H/2 units a direction) is
   fresh under bilstm/, no pooler, and 12 steps on one batch lower its loss by a fifth or more."""
-  config = _config(kind, model_dir, data_dir)
-  task = finetuning.make_task(FINETUNING[config.task], config, str(tmp_path))
+  config = tasks.typed(_config(kind, model_dir, data_dir))
+  context = train.run_context(config)
+  task = finetuning.make_task(FINETUNING[config.task], config, str(tmp_path), context)
   assert task.model.bilstm_on_top
   first = next(task.batches.train(None))[0]
-  setup = steps.build(config, task, first)
+  setup = steps.build(config, task, first, context.mesh)
   batch = parallel.global_batch(first, setup.mesh)
   fresh = random_params(task.model, *(first[k] for k in task.model.batch_keys),
                         deterministic=True, scale=0.1)
@@ -206,7 +208,7 @@ def test_bilstm_on_top_trains_every_head_kind(kind, model_dir, data_dir, tmp_pat
   kernel = params["bilstm"]["layer_0"]["forward"]["ii"]["kernel"]
   assert kernel.shape == (64, 32)  # [H, H/2]
   state = dict(step=jnp.zeros((), jnp.int32), params=params, rng=jax.random.PRNGKey(0),
-               opt_state=steps.make_optimizer(config.train)[0].init(params))
+               opt_state=steps.make_optimizer(config.train, schedule=task.schedule)[0].init(params))
   # placed as the trainer places it (unplaced arrays would compile the step a second time)
   state = jax.device_put(state, jax.tree.map(lambda a: a.sharding, setup.abstract_state))
   losses = []
@@ -221,8 +223,10 @@ def test_bilstm_on_top_trains_every_head_kind(kind, model_dir, data_dir, tmp_pat
 def test_bilstm_on_top_refuses_packing_and_hf_export(model_dir, data_dir, tmp_path):
   config = _config("glue", model_dir, data_dir)
   config.data.packing = "4"
+  config = tasks.typed(config)
   with pytest.raises(UserError, match="data.packing=4 with model.bilstm_on_top.*packing=0"):
-    finetuning.make_task(FINETUNING["sst2"], config, str(tmp_path))
+    finetuning.make_task(FINETUNING["sst2"], config, str(tmp_path),
+                         train.run_context(config))
   spec = dataclasses.replace(FINETUNING["sst2"],
                              model=lambda bert_config, data: heads.BertForPreTraining(bert_config))
   with pytest.raises(UserError, match=r"\(BertForPreTraining\) takes no BiLSTM on top; set "
