@@ -13,7 +13,7 @@ are used). Examples come from GLUE_DIR (download_glue_data.py's layout) or, when
 The model is `heads.BertForSequenceClassification`: [CLS] A [SEP] B [SEP] -> pooled output ->
 dropout -> Dense(num_labels); softmax cross-entropy, or mean squared error for STS-B (one
 output). Training runs `train.num_train_epochs` epochs of the training split (the number of steps
-follows from its size and the batch size as in run_classifier.py, `finetuning.set_schedule`)
+follows from its size and the batch size as in run_classifier.py, `finetuning.schedule`)
 with warmup over `train.warmup_proportion` of them.
 Each evaluation scores the dev split with GLUE's metrics (bertjax.metrics.glue_metrics) and
 WORKDIR/eval_results.json holds the last one; after the last step the dev predictions go to

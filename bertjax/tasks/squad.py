@@ -13,7 +13,7 @@ The model is `heads.BertForQuestionAnswering`: a Dense(2) on every token's final
 gives start and end logits; the loss is the mean of the start and the end cross-entropy, each a
 softmax over all max_seq_length positions of the row (padding included, as run_squad), against
 the answer's first and last token ([CLS] where the window holds no answer). Training runs
-int(training questions / batch_size * num_train_epochs) steps (`finetuning.set_schedule`: epochs
+int(training questions / batch_size * num_train_epochs) steps (`finetuning.schedule`: epochs
 counted in questions, not windows, as run_squad counts its steps), with warmup over
 `train.warmup_proportion` of them.
 

@@ -60,7 +60,7 @@ flags.mark_flags_as_required(["learning_rates"])
 
 RESULTS_FILE = "sweep_results.json"
 BEST_LINK = "best"
-# Config fields a run sets at its start when they are -1 (`finetuning.set_schedule`): the
+# Config fields a run sets at its start when they are -1 (`finetuning.schedule`): the
 # config.json of a run holds the derived value, not the -1 asked for.
 DERIVED_FIELDS = ("train.num_train_steps", "train.warmup_steps", "train.eval_every_steps",
                   "train.checkpoint_every_steps")
