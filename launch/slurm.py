@@ -175,7 +175,11 @@ def sbatch_script(args: argparse.Namespace) -> str:
   workdir = full_path(args.workdir)
   repo_dir = full_path(args.repo_dir)
   config_file = args.config.partition(":")[0]
-  if not os.path.isfile(os.path.join(repo_dir, config_file)):
+  # configs/NAME.py is the package's bertjax/configs/NAME.py where the checkout has no configs/
+  # of its own (as bertjax.main finds it).
+  packaged = config_file.startswith("configs/") and os.path.isfile(
+      os.path.join(repo_dir, "bertjax", config_file))
+  if not os.path.isfile(os.path.join(repo_dir, config_file)) and not packaged:
     raise LaunchError(f"--config={args.config}: no file {config_file} in {repo_dir} (the "
                       "checkout the job runs in, --repo-dir).")
   gpus = gpu_count(args.gpus_per_node)

@@ -63,6 +63,8 @@ def load_config(spec):
   """get_config() of a config file spec, e.g. configs/squad.py:v2.0."""
   path, _, arg = spec.partition(":")
   full = os.path.join(REPO, path)
+  if not os.path.isfile(full) and path.startswith("configs/"):  # as bertjax.main finds it
+    full = os.path.join(REPO, "bertjax", path)
   assert os.path.isfile(full), f"{spec}: no such config"
   module_spec = importlib.util.spec_from_file_location(f"_config_{os.path.basename(path)}", full)
   module = importlib.util.module_from_spec(module_spec)
