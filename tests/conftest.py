@@ -30,6 +30,40 @@ from bertjax.data import sources
 from bertjax.models import heads
 from bertjax.models.config import BertConfig, bert_config
 
+# How `pytest -n N` shares the suite (about 1000 tests) among its workers. xdist's default (load)
+# deals tests out one by one, so a module's tests land on both workers and each worker builds the
+# module's fixtures (test_colab's notebook run, test_faults_workdir's killed run, a module's
+# prepared corpus or fine-tuned model) again; and a long test dealt out last runs alone at the end.
+# Here each module goes whole to one worker (xdist's loadfile), and the modules are handed out
+# longest first (longest processing time first: the short ones fill the gaps at the end). COSTS:
+# a module's seconds on one worker of `-n 2` on a 2-core machine (--durations, rounded), for the
+# modules over about 15 s; the others keep their order after them. `--dist` given on the command
+# line is kept as given.
+COSTS = {
+    "test_colab.py": 100,
+    "test_sweep.py": 90,
+    "test_modernbert_finetuning.py": 120,
+    "test_faults_workdir.py": 90,
+    "test_audit.py": 100,
+    "test_modernbert_pretraining.py": 60,
+    "test_readme.py": 80,
+    "test_feature_based.py": 60,
+    "test_pretraining_parity.py": 90,
+}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config):
+  given = any(arg == "-d" or arg.startswith("--dist") for arg in config.invocation_params.args)
+  if getattr(config.option, "dist", "no") == "load" and not given:
+    config.option.dist = "loadfile"
+    config.option.loadscopereorder = False  # COSTS' order, not the number of tests
+
+
+def pytest_collection_modifyitems(items):
+  """Modules by COSTS, longest first; a module's tests stay together, in file order."""
+  items.sort(key=lambda item: -COSTS.get(item.path.name, 0))  # stable
+
 
 def write_chapters(directory, num_documents: int, vocab_size: int = 600) -> tuple[str, str]:
   """(DIRECTORY/chapters.txt: the first `num_documents` chapters of the bundled corpus in
