@@ -9,6 +9,7 @@ fields, as a new task's config would.
 """
 import csv
 import dataclasses
+import json
 import os
 
 import jax.numpy as jnp
@@ -16,8 +17,8 @@ import numpy as np
 import optax
 import pytest
 
-from bertjax import metrics
-from bertjax.training import parallel, steps
+from bertjax import metrics, run_config
+from bertjax.training import parallel, steps, train
 from bertjax.training import task as task_lib
 from bertjax.configs import finetuning as finetuning_config
 from bertjax.errors import UserError
@@ -80,12 +81,25 @@ def write(data, name, predictions, directory):
   (directory / f"{name}_animals.tsv").write_text("\n".join(lines) + "\n")
 
 
+@dataclasses.dataclass(frozen=True)
+class AnimalData(run_config.FinetuningData):
+  """The task's data section: the fields every fine-tuning task has, and its TSV files'."""
+  data_dir: str = ""  # train.tsv and dev.tsv
+
+
+@dataclasses.dataclass(frozen=True)
+class AnimalRun(run_config.FinetuningRun):
+  """The task's config schema."""
+  task: str = "animals"
+  data: AnimalData = dataclasses.field(default_factory=AnimalData)
+
+
 ANIMAL_SPEC = finetuning.Spec(
     name="animal fine-tuning", read=read,
     model=lambda bert_config, data: heads.BertForSequenceClassification(bert_config,
                                                                         data.num_labels),
     terms=terms, predict=predict, score=score, write=write,
-    main_metric=lambda config: "accuracy")
+    main_metric=lambda config: "accuracy", schema=AnimalRun)
 
 # ---- the test ---------------------------------------------------------------------------------
 
@@ -112,8 +126,9 @@ def model_dir(random_bert, tmp_path_factory):
 
 
 def _config(model_dir, data_dir):
-  """configs/finetuning.py plus what this task's config would say."""
-  config = finetuning_config.get_config()
+  """configs/finetuning.py (every field of AnimalRun at its default) plus what this task's
+  config would say."""
+  config = run_config.defaults(AnimalRun)
   config.init_checkpoint = model_dir
   config.data.data_dir = str(data_dir)
   config.data.max_seq_length = 16
@@ -122,14 +137,37 @@ def _config(model_dir, data_dir):
   return config
 
 
+def _typed(config, schema=AnimalRun):
+  """The typed config (the library's) of a test's ConfigDict."""
+  return run_config.typed(config, schema)
+
+
+def _make_task(spec, config, workdir):
+  """finetuning.make_task on the typed `config` (a ConfigDict), with its run context."""
+  typed = _typed(config)
+  return finetuning.make_task(spec, typed, workdir, train.run_context(typed))
+
+
+def _build(config, task, init_batch):
+  """steps.build on the typed `config` (a ConfigDict) and its mesh."""
+  typed = _typed(config)
+  return steps.build(typed, task, init_batch, train.run_context(typed).mesh)
+
+
+def _context(config, schema=run_config.FinetuningRun):
+  """The run context of `config` (a ConfigDict), as the trainer makes it."""
+  return train.run_context(_typed(config, schema))
+
+
 def test_a_task_from_a_spec_trains(model_dir, animal_data, tmp_path):
   workdir = tmp_path / "run"
   config = _config(model_dir, animal_data)
-  result = finetuning.run(ANIMAL_SPEC, config, str(workdir))
+  result = finetuning.run(ANIMAL_SPEC, _typed(config), str(workdir))
   assert set(result) == {"loss", "accuracy"}
   assert result["accuracy"] > 0.9, result  # chance is 1/3
-  assert config.train.num_train_steps == 6 * (384 // 16)
-  assert config.train.warmup_steps == int(0.1 * 144)
+  as_run = json.loads((workdir / "config.json").read_text())["train"]  # the derived schedule
+  assert as_run["num_train_steps"] == 6 * (384 // 16)
+  assert as_run["warmup_steps"] == int(0.1 * 144)
   rows = (workdir / "eval_animals.tsv").read_text().splitlines()
   assert len(rows) == 64
   assert np.mean([row.split("\t")[1] in row.split("\t")[0].split() for row in rows]) > 0.9
@@ -140,19 +178,23 @@ def test_a_task_from_a_spec_trains(model_dir, animal_data, tmp_path):
 def test_user_set_steps_and_warmup_are_kept():
   config = finetuning_config.get_config()
   ten_batches = 10 * config.train.batch_size
-  assert finetuning.set_schedule(config, num_examples=ten_batches) == 10
-  assert (config.train.num_train_steps, config.train.warmup_steps) == (30, 3)
-  assert config.train.eval_every_steps == config.train.checkpoint_every_steps == 10
+  schedule, per_epoch = finetuning.schedule(_typed(config, run_config.FinetuningRun).train,
+                                            num_examples=ten_batches)
+  assert per_epoch == 10
+  assert (schedule.num_train_steps, schedule.warmup_steps) == (30, 3)
+  assert schedule.eval_every_steps == schedule.checkpoint_every_steps == 10
   config = finetuning_config.get_config()
   config.train.num_train_steps, config.train.warmup_steps = 7, 0
   config.train.eval_every_steps = 5
-  finetuning.set_schedule(config, num_examples=ten_batches)
-  assert (config.train.num_train_steps, config.train.warmup_steps) == (7, 0)
-  assert config.train.eval_every_steps == 5
+  schedule, _ = finetuning.schedule(_typed(config, run_config.FinetuningRun).train,
+                                    num_examples=ten_batches)
+  assert (schedule.num_train_steps, schedule.warmup_steps) == (7, 0)
+  assert schedule.eval_every_steps == 5
   config = finetuning_config.get_config()
   config.train.num_train_steps = 50  # warmup left at -1: 10% of the steps the user set
-  finetuning.set_schedule(config, num_examples=ten_batches)
-  assert (config.train.num_train_steps, config.train.warmup_steps) == (50, 5)
+  schedule, _ = finetuning.schedule(_typed(config, run_config.FinetuningRun).train,
+                                    num_examples=ten_batches)
+  assert (schedule.num_train_steps, schedule.warmup_steps) == (50, 5)
 
 
 @pytest.mark.parametrize("num_examples, epochs, steps, per_epoch", [
@@ -166,13 +208,15 @@ def test_steps_follow_google_research_bert(num_examples, epochs, steps, per_epoc
   """num_train_steps = int(N / B * epochs), as run_classifier.py and run_squad.py count them
   (the partial batch of each epoch counts towards them), whatever the task: GLUE, SWAG and NER
   give N = their training rows, SQuAD its questions (Data.examples_per_epoch), all through
-  set_schedule."""
+  finetuning.schedule."""
   config = finetuning_config.get_config()
   config.train.batch_size, config.train.num_train_epochs = 32, epochs
-  assert finetuning.set_schedule(config, num_examples) == per_epoch
-  assert config.train.num_train_steps == steps
-  assert config.train.warmup_steps == int(config.train.warmup_proportion * steps)
-  assert config.train.eval_every_steps == config.train.checkpoint_every_steps == per_epoch
+  schedule, steps_per_epoch = finetuning.schedule(
+      _typed(config, run_config.FinetuningRun).train, num_examples)
+  assert steps_per_epoch == per_epoch
+  assert schedule.num_train_steps == steps
+  assert schedule.warmup_steps == int(config.train.warmup_proportion * steps)
+  assert schedule.eval_every_steps == schedule.checkpoint_every_steps == per_epoch
 
 
 # ---- length buckets ---------------------------------------------------------------------------
@@ -190,7 +234,7 @@ def test_steps_follow_google_research_bert(num_examples, epochs, steps, per_epoc
 def test_length_buckets_of_the_config(value, max_seq_length, expected):
   config = finetuning_config.get_config()
   config.data.length_buckets, config.data.max_seq_length = value, max_seq_length
-  assert finetuning.length_buckets(config) == expected
+  assert finetuning.length_buckets(_typed(config, run_config.FinetuningRun)) == expected
 
 
 @pytest.mark.parametrize("value", ["0,64", "32,256", "short", "32;64", ","])
@@ -198,7 +242,7 @@ def test_bad_length_buckets_are_refused(value):
   config = finetuning_config.get_config()
   config.data.length_buckets = value
   with pytest.raises(UserError, match="data.length_buckets=.*comma-separated"):
-    finetuning.length_buckets(config)
+    finetuning.length_buckets(_typed(config, run_config.FinetuningRun))
 
 
 def _logits(outputs, batch):
@@ -253,8 +297,8 @@ def test_length_buckets_give_the_outputs_of_full_padding(spec, with_step, model_
   for buckets in ("", "8,9,10"):  # sentences of 6-10 tokens with [CLS] and [SEP]
     config = _config(model_dir, animal_data)
     config.data.length_buckets, config.train.eval_batch_size = buckets, 4
-    tasks[buckets] = finetuning.make_task(spec, config, str(tmp_path))
-  setup = steps.build(config, tasks[buckets], next(tasks[buckets].batches.train(None))[0])
+    tasks[buckets] = _make_task(spec, config, str(tmp_path))
+  setup = _build(config, tasks[buckets], next(tasks[buckets].batches.train(None))[0])
   full, full_means, masks, full_widths, full_train_width, full_step = _eval_and_step(
       setup, tasks[""], with_step)
   cut, cut_means, _, widths, train_width, step = _eval_and_step(setup, tasks["8,9,10"], with_step)
@@ -285,8 +329,8 @@ def test_packing_gives_the_outputs_of_unpacked_batches(model_dir, animal_data, t
     config = _config(model_dir, animal_data)
     config.data.packing, config.data.length_buckets = str(packing), buckets
     config.train.eval_batch_size = 8
-    tasks[packing] = finetuning.make_task(spec, config, str(tmp_path))
-  setup = steps.build(config, tasks[4], next(tasks[4].batches.train(None))[0])
+    tasks[packing] = _make_task(spec, config, str(tmp_path))
+  setup = _build(config, tasks[4], next(tasks[4].batches.train(None))[0])
   full, full_means, _, _, _, full_step = _eval_and_step(setup, tasks[0], True)
   packed, means, _, widths, train_width, step = _eval_and_step(setup, tasks[4], True)
   batch = next(tasks[4].batches.train(None))[0]
@@ -318,8 +362,8 @@ def test_packed_rows_may_be_longer_than_the_position_table(short_model_dir, anim
     config = _config(short_model_dir, animal_data)
     config.data.packing, config.data.length_buckets = str(packing), ""
     config.train.eval_batch_size = 8
-    tasks[packing] = finetuning.make_task(spec, config, str(tmp_path))
-  setup = steps.build(config, tasks[4], next(tasks[4].batches.train(None))[0])
+    tasks[packing] = _make_task(spec, config, str(tmp_path))
+  setup = _build(config, tasks[4], next(tasks[4].batches.train(None))[0])
   full, _, _, _, _, full_step = _eval_and_step(setup, tasks[0], True)
   packed, _, _, widths, train_width, step = _eval_and_step(setup, tasks[4], True)
   assert train_width == 64 and set(widths) == {64}
@@ -340,14 +384,14 @@ def test_the_default_packs_where_it_is_exact(model_dir, animal_data, tmp_path, c
     config = configs[packing] = _config(model_dir, animal_data)
     config.data.max_seq_length, config.train.eval_batch_size = 32, 8
     config.data.packing = packing
-    tasks[packing] = finetuning.make_task(spec, config, str(tmp_path))
+    tasks[packing] = _make_task(spec, config, str(tmp_path))
   printed = capsys.readouterr().out.splitlines()
   assert "animals: 384 (24 steps per epoch, 144 steps)" in printed  # "0"
   assert "animals: 384 (24 steps per epoch, 144 steps, 2 examples a row)" in printed  # "auto"
-  assert configs["auto"].train.num_train_steps == 144  # int(384 / 16 * 6), as unpacked
+  assert tasks["auto"].schedule.num_train_steps == 144  # int(384 / 16 * 6), as unpacked
   batch = next(tasks["auto"].batches.train(None))[0]
   assert batch["label"].shape == (8, 2) and "cls_positions" in batch  # 16 examples, 2 a row
-  setup = steps.build(configs["auto"], tasks["auto"], batch)
+  setup = _build(configs["auto"], tasks["auto"], batch)
   full, full_means, _, _, _, full_step = _eval_and_step(setup, tasks["0"], True)
   packed, means, _, _, _, step = _eval_and_step(setup, tasks["auto"], True)
   np.testing.assert_allclose(packed["logits"], full["logits"], rtol=1e-5, atol=1e-5)
@@ -357,7 +401,7 @@ def test_the_default_packs_where_it_is_exact(model_dir, animal_data, tmp_path, c
     np.testing.assert_allclose(step[name], full_step[name], rtol=1e-5, err_msg=name)
   config = _config(model_dir, animal_data)
   config.data.max_seq_length = 32
-  task = finetuning.make_task(ANIMAL_SPEC, config, str(tmp_path))  # packable=False
+  task = _make_task(ANIMAL_SPEC, config, str(tmp_path))  # packable=False
   assert "animals: 384 (24 steps per epoch, 144 steps)" in capsys.readouterr().out.splitlines()
   assert "cls_positions" not in next(task.batches.train(None))[0]
 
@@ -388,17 +432,19 @@ def test_auto_packing_picks_as_many_as_fit_on_average(change, lengths, expected)
     section = config.model if name == "bilstm_on_top" else (
         config.train if name.endswith("batch_size") else config.data)
     section[name] = value
-  assert finetuning.packing(config, glue.SPEC, _lengths(*lengths)) == expected
+  typed = _typed(config, run_config.FinetuningRun)
+  assert finetuning.packing(typed, glue.SPEC, _context(config), _lengths(*lengths)) == expected
 
 
 def test_only_glue_packs_by_default():
   """GLUE is pooled from each example's own [CLS]; NER (per token), SQuAD (spans, padded
   windows) and SWAG (four choices a row) cannot pack, so "auto" leaves them unpacked."""
   config, short = finetuning_config.get_config(), _lengths(10, 12)
-  assert finetuning.packing(config, glue.SPEC, short) == 8
+  typed, context = _typed(config, run_config.FinetuningRun), _context(config)
+  assert finetuning.packing(typed, glue.SPEC, context, short) == 8
   for spec in (ner_task.SPEC, squad_task.SPEC, swag_task.SPEC):
     assert not spec.packable
-    assert finetuning.packing(config, spec, short) == 0
+    assert finetuning.packing(typed, spec, context, short) == 0
 
 
 @pytest.mark.parametrize("change, message", [
@@ -413,20 +459,21 @@ def test_bad_packing_is_refused(change, message, model_dir, animal_data, tmp_pat
   config.train.eval_batch_size = change.get("eval_batch_size", 32)
   spec = dataclasses.replace(ANIMAL_SPEC, packable=True)
   with pytest.raises(UserError, match=message):
-    finetuning.make_task(spec, config, str(tmp_path))
+    _make_task(spec, config, str(tmp_path))
   config.data.packing = "4"
   with pytest.raises(UserError, match="cannot pack"):
-    finetuning.make_task(ANIMAL_SPEC, config, str(tmp_path))
+    _make_task(ANIMAL_SPEC, config, str(tmp_path))
 
 
 def test_packed_rows_take_buckets_up_to_k_sequences():
   config = finetuning_config.get_config()
-  assert finetuning.length_buckets(config, 4) == tuple(range(32, 513, 32))
+  typed = lambda: _typed(config, run_config.FinetuningRun)
+  assert finetuning.length_buckets(typed(), 4) == tuple(range(32, 513, 32))
   config.data.length_buckets = "200"
-  assert finetuning.length_buckets(config, 4) == (200, 512)
+  assert finetuning.length_buckets(typed(), 4) == (200, 512)
   config.data.length_buckets = "600"
   with pytest.raises(UserError, match="from 1 to data.max_seq_length=128 x data.packing=4"):
-    finetuning.length_buckets(config, 4)
+    finetuning.length_buckets(typed(), 4)
 
 
 @pytest.mark.parametrize("num_labels", [1, 3])  # STS-B's score, a classifier
