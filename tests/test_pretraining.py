@@ -16,7 +16,9 @@ import pytest
 
 from bertjax.errors import UserError
 from bertjax.models import heads
+from bertjax import tasks
 from bertjax.tasks import pretraining, pretraining_config
+from bertjax.training import train
 
 from conftest import tree_digest
 
@@ -295,7 +297,7 @@ def test_large_config_is_the_papers_model():
   the pretraining heads (shapes only; configs/base.py runs a step end to end below, and saving
   BERT-large's 4 GB of state would take this machine over a minute)."""
   from bertjax.configs import large  # pylint: disable=import-outside-toplevel
-  config = pretraining_config.model_config(large.get_config(), 30522)
+  config = pretraining_config.model_config(tasks.typed(large.get_config()), 30522)
   assert (config.num_layers, config.hidden_size, config.num_heads) == (24, 1024, 16)
   ids = jax.ShapeDtypeStruct((1, 8), np.int32)
   shapes = jax.eval_shape(lambda i: heads.BertForPreTraining(config).init(
@@ -335,11 +337,11 @@ def test_check_config_names_the_field():
   config.data.input_files = "a.txt"
   config.data.tfds_name = "wikipedia"
   with pytest.raises(UserError, match="data.input_files and data.tfds_name"):
-    pretraining_config.check_config(config)
+    pretraining_config.check_config(tasks.typed(config))
   config = tiny.get_config()
   config.data.max_seq_length = 1024
   with pytest.raises(UserError, match="max_position_embeddings"):
-    pretraining_config.check_config(config)
+    pretraining_config.check_config(tasks.typed(config))
 
 
 def test_sequence_length_phases_and_their_position(corpus, tmp_path):
@@ -352,7 +354,8 @@ def test_sequence_length_phases_and_their_position(corpus, tmp_path):
                      max_predictions_per_seq=5, long_seq_length=64,
                      long_max_predictions_per_seq=10, dupe_factor=1)
   config.train.update(batch_size=4, long_seq_from_step=3)
-  task = pretraining.make_task(config, str(tmp_path))
+  typed = tasks.typed(config)
+  task = pretraining.make_task(typed, str(tmp_path), train.run_context(typed))
   assert os.listdir(tmp_path) == ["data"]  # the text, prepared
   served = list(zip(range(6), task.batches.train(None)))
   shapes = [(b["input_ids"].shape, b["masked_lm_positions"].shape) for _, (b, _) in served]
