@@ -2,9 +2,9 @@
 fields."""
 import re
 
-import ml_collections
 import pytest
 
+from bertjax import run_config, tasks
 from bertjax.modeldir import model_options
 from bertjax.configs import base, finetuning, tiny
 from bertjax.errors import UserError
@@ -22,14 +22,20 @@ def test_auto_is_float32_on_this_cpu():
 
 
 def test_overrides_of_the_configs():
-  assert model_options.bert_overrides(tiny.get_config().model) == dict(
+  assert model_options.pretraining_overrides(tasks.typed(tiny.get_config()).model) == dict(
       dropout_rate=0.0, attention_dropout_rate=0.0, attention="auto", remat="none",
-      pad_vocab_to_multiple=128, fused_qkv=False, dtype="float32", mlm_logits_dtype="float32")
+      pad_vocab_to_multiple=128, fused_qkv=False, dtype="float32", mlm_logits_dtype="float32",
+      pooling="cls")
   # Fine-tuning keeps the pretrained model's padding (bert_config.json), so sets none.
-  assert "pad_vocab_to_multiple" not in model_options.bert_overrides(finetuning.get_config().model)
-  # A config.json of an older run, without the new fields, keeps BertConfig's defaults.
-  old = ml_collections.ConfigDict(dict(dtype="bfloat16", dropout_rate=0.1))
-  assert model_options.bert_overrides(old) == dict(dropout_rate=0.1, dtype="bfloat16")
+  finetuning_model = run_config.typed(finetuning.get_config(), run_config.FinetuningRun).model
+  assert "pad_vocab_to_multiple" not in model_options.bert_overrides(finetuning_model)
+  # A config.json of an older run, without the new fields, takes their defaults (the schema's).
+  old = {"task": "pretraining", "model": dict(dtype="bfloat16", dropout_rate=0.1)}
+  assert model_options.pretraining_overrides(
+      run_config.typed(old, run_config.PretrainingRun).model) == dict(
+          dropout_rate=0.1, attention_dropout_rate=0.0, attention="auto", remat="none",
+          pad_vocab_to_multiple=128, fused_qkv=False, dtype="bfloat16",
+          mlm_logits_dtype="float32", pooling="cls")
 
 
 def test_fast_variant_of_base():
@@ -54,4 +60,4 @@ def test_pretraining_refuses_a_model_that_cannot_run_before_preparing(fields, me
   config = tiny.get_config()
   config.model.update(fields)
   with pytest.raises(UserError, match=re.escape(message)):
-    pretraining_config.check_config(config)
+    pretraining_config.check_config(tasks.typed(config))
