@@ -12,10 +12,12 @@ import jax
 import numpy as np
 import pytest
 
+from bertjax import tasks
 from bertjax.configs import modernbert as modernbert_configs
 from bertjax.errors import UserError
 from bertjax.models import heads
 from bertjax.tasks import pretraining, pretraining_config
+from bertjax.training import train
 
 from test_pretraining import _metrics
 from test_readme import ROOT, _section_commands, text_dir  # noqa: F401  (the fixture)
@@ -34,7 +36,8 @@ def test_context_extension_runs_the_long_phase_with_its_own_global_base(corpus, 
   config = _config(corpus, long_seq_length=64, long_max_predictions_per_seq=20)
   config.model.update(rope_theta_global=10_000.0, long_rope_theta_global=160_000.0)
   config.train.long_seq_from_step = 2
-  task = pretraining.make_task(config, str(tmp_path))
+  config = tasks.typed(config)
+  task = pretraining.make_task(config, str(tmp_path), train.run_context(config))
   assert task.model.config.rope_theta_global == 10_000.0
   served = [b for _, (b, _) in zip(range(3), task.batches.train(None))]
   assert [b["input_ids"].shape[1] for b in served] == [32, 32, 64]
@@ -68,12 +71,12 @@ def test_refusals(changes, message):
   for section, values in changes.items():
     config[section].update(values)
   with pytest.raises(UserError, match=message):
-    pretraining_config.check_config(config)
+    pretraining_config.check_config(tasks.typed(config))
 
 
 def test_paper_recipes_build():
   for size, layers in (("base", 22), ("large", 28)):
-    config = modernbert_configs.get_config(size)
+    config = tasks.typed(modernbert_configs.get_config(size))
     pretraining_config.check_config(config)
     model = pretraining_config.model_config(config, 50368)
     assert (model.num_layers, model.local_attention, model.rope_theta_global) == (
