@@ -20,6 +20,7 @@ from bertjax.errors import UserError
 from bertjax import tasks
 from bertjax.models import heads
 from bertjax.tasks import finetuning, ner
+from bertjax.training import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -94,6 +95,12 @@ def _config(model_dir, data_dir, **train):
   config.train.update({**dict(batch_size=16, eval_batch_size=32, learning_rate=2e-3,
                               num_train_epochs=3.0, log_every_steps=1000), **train})
   return config
+
+
+def _make_task(config, workdir):
+  """finetuning.make_task of NER on the typed `config` (a ConfigDict), with its run context."""
+  typed = tasks.typed(config)
+  return finetuning.make_task(ner.SPEC, typed, workdir, train.run_context(typed))
 
 
 def _read_output(path):
@@ -278,7 +285,9 @@ def test_ner_learns_and_writes_conll_predictions(model_dir, conll_dir, tmp_path)
   assert set(result) == {"loss", "precision", "recall", "f1", "accuracy"}
   assert result["f1"] > 0.9, result  # an untrained tagger finds almost no entity
   saved = json.loads((workdir / "eval_results.json").read_text())
-  assert saved["f1"] == result["f1"] and saved["step"] == config.train.num_train_steps
+  steps = json.loads((workdir / "config.json").read_text())["train"]["num_train_steps"]
+  assert config.train.num_train_steps == -1 and steps > 0  # from the epochs, as run
+  assert saved["f1"] == result["f1"] and saved["step"] == steps
   assert json.loads((workdir / "labels.json").read_text()) == [
       "B-LOC", "B-ORG", "B-PER", "I-LOC", "I-ORG", "I-PER", "O"]
 
@@ -302,14 +311,14 @@ def test_ner_learns_and_writes_conll_predictions(model_dir, conll_dir, tmp_path)
 def test_saved_labels_keep_their_ids(model_dir, conll_dir, tmp_path):
   saved = ["O", "I-PER", "I-ORG", "I-LOC", "I-MISC", "B-PER", "B-ORG", "B-MISC", "B-LOC"]
   (tmp_path / "labels.json").write_text(json.dumps(saved))
-  task = finetuning.make_task(ner.SPEC, _config(model_dir, conll_dir), str(tmp_path))
+  task = _make_task(_config(model_dir, conll_dir), str(tmp_path))
   assert json.loads(task.files["labels.json"]) == saved
   params = jax.eval_shape(lambda rng, batch: heads.init_from_batch(task.model, rng, batch),
                           jax.random.PRNGKey(0), next(task.batches.train(None))[0])
   assert nn.unbox(params)["token_tagging"]["classifier"]["kernel"].shape == (64, len(saved))
   (tmp_path / "labels.json").write_text(json.dumps(["O", "B-PER"]))
   with pytest.raises(UserError, match="tag 'B-\\w+' does not occur.*a fresh workdir"):
-    finetuning.make_task(ner.SPEC, _config(model_dir, conll_dir), str(tmp_path))
+    _make_task(_config(model_dir, conll_dir), str(tmp_path))
 
 
 def test_bad_configs_are_named(model_dir, conll_dir, tmp_path):

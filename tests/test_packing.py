@@ -9,12 +9,14 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from bertjax import tasks
 from bertjax.configs import tiny
 from bertjax.data import packed_rows, pipeline, sources
 from bertjax.data.pretraining import layout, loader, masking, packing, preparation, shards
 from bertjax.errors import UserError
 from bertjax.models import heads
 from bertjax.tasks import pretraining, pretraining_data
+from bertjax.training import train
 
 SEQ, PREDICTIONS, K = 128, 20, 3
 
@@ -283,13 +285,13 @@ def test_data_prepared_before_plans(data, tmp_path):
 
   config = tiny.get_config()
   config.data.update(prepared=old, max_seq_length=SEQ, max_predictions_per_seq=PREDICTIONS)
-  pretraining_data.check_prepared(prepared, config)
+  pretraining_data.check_prepared(prepared, tasks.typed(config))
   config.data.packing = True
   with pytest.raises(UserError, match="lacks at 128 tokens.*--max_sequences_per_row=3"):
-    pretraining_data.check_prepared(prepared, config)
+    pretraining_data.check_prepared(prepared, tasks.typed(config))
   config.data.prepared = ""  # WORKDIR/data: it is prepared again by a rerun
   with pytest.raises(UserError, match=f"delete {old} and rerun"):
-    pretraining_data.check_prepared(prepared, config)
+    pretraining_data.check_prepared(prepared, tasks.typed(config))
 
   options = layout.Options.from_json(info["flags"])
   assert preparation.prepare(options, old, progress=False) == info  # reused, not refused
@@ -300,9 +302,9 @@ def test_plans_of_another_k_are_refused(data):
   config.data.update(prepared=data.directory, max_seq_length=SEQ,
                      max_predictions_per_seq=PREDICTIONS, packing=True, max_sequences_per_row=4)
   with pytest.raises(UserError, match="at most 3 pairs, not the 4 of data.max_sequences_per_row"):
-    pretraining_data.check_prepared(data, config)
+    pretraining_data.check_prepared(data, tasks.typed(config))
   config.data.max_sequences_per_row = 3
-  pretraining_data.check_prepared(data, config)
+  pretraining_data.check_prepared(data, tasks.typed(config))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -326,7 +328,7 @@ def test_packed_pretraining_trains_with_the_unpacked_losses(data, tmp_path):
   same examples (1e-5, float32). The learning rate of step 1 is 0 (warmup), so checkpoint 1
   holds the parameters step 1 was computed with."""
   workdir = tmp_path / "run"
-  result = pretraining.run(_config(data, True), str(workdir))
+  result = pretraining.run(tasks.typed(_config(data, True)), str(workdir))
   assert result["examples"] == 8 and np.isfinite(result["loss"])
   with open(workdir / "metrics.jsonl") as f:
     logged = [json.loads(line) for line in f]
@@ -345,7 +347,9 @@ def test_packed_pretraining_trains_with_the_unpacked_losses(data, tmp_path):
   assert len(records) > 8
   plain = _batches(data, packing_on=False)._batch(  # pylint: disable=protected-access
       "train", records, np.zeros(len(records), int))
-  task = pretraining.make_task(_config(data, False), str(tmp_path / "plain"))
+  plain_config = tasks.typed(_config(data, False))
+  task = pretraining.make_task(plain_config, str(tmp_path / "plain"),
+                               train.run_context(plain_config))
   state = ocp.PyTreeCheckpointer().restore(str(workdir / "checkpoints" / "1" / "state"))
   outputs = heads.apply_to_batch(task.model, state["params"], plain, deterministic=True)
   for name, (values, weights) in task.terms(outputs, plain).items():
@@ -357,4 +361,4 @@ def test_packed_pretraining_trains_with_the_unpacked_losses(data, tmp_path):
                                       r"True"):
     config = _config(data, False)
     config.train.num_train_steps = 4
-    pretraining.run(config, str(workdir))
+    pretraining.run(tasks.typed(config), str(workdir))
