@@ -61,7 +61,7 @@ def test_mean_pooling_of_a_bert_model_is_refused(random_bert, tmp_path_factory, 
                              glue_dir)
   config.model.pooling = "mean"
   with pytest.raises(UserError, match="mean pooling is architecture='modernbert''s"):
-    finetuning.load_pretrained(config, "GLUE fine-tuning")
+    finetuning.load_pretrained(tasks.typed(config), "GLUE fine-tuning")
 
 
 def test_the_sweep_runs_on_modernbert(random_bert, tmp_path_factory, glue_dir):

@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 import torch
 
+from bertjax import tasks
 from bertjax.convert import hf
 from bertjax.tasks import pretraining
 from bertjax.tools import torch_pretraining
-from bertjax.training import parallel, steps
+from bertjax.training import parallel, steps, train
 
 STEPS = 300
 
@@ -42,10 +43,12 @@ def _config(corpus, modern: bool):
 def _run_both(config, workdir):
   """(bertjax's losses [STEPS, terms], torch's, bertjax's final params, torch's as bertjax
   params, the names of the terms)."""
-  task = pretraining.make_task(config, workdir)
+  config = tasks.typed(config)
+  context = train.run_context(config)
+  task = pretraining.make_task(config, workdir, context)
   nsp = config.pretraining.nsp
   batches = [b for _, (b, _) in zip(range(STEPS), task.batches.train(None))]
-  setup = steps.build(config, task, batches[0])
+  setup = steps.build(config, task, batches[0], context.mesh)
   state = setup.init_state()
   model = torch_pretraining.hf_model(task.model.config, jax.device_get(state["params"]), nsp)
   optimizer, scheduler = torch_pretraining.make_optimizer(model, config.train)

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from bertjax import tasks
 from bertjax.errors import UserError
 from bertjax.models import heads
 from bertjax.models.config import bert_config
@@ -30,7 +31,12 @@ def _config(**train):
   from bertjax.configs import tiny  # pylint: disable=import-outside-toplevel
   config = tiny.get_config()
   config.train.update(dict(batch_size=4, eval_batch_size=4, warmup_steps=0, **train))
-  return config
+  return tasks.typed(config)
+
+
+def _build(config, task, batch):
+  """steps.build on the config's checked mesh."""
+  return steps.build(config, task, batch, steps.make_checked_mesh(config))
 
 
 def _batch(seed=0):
@@ -49,7 +55,8 @@ def _task():
   model = heads.BertForPreTraining(bert_config("tiny", vocab_size=64, max_position_embeddings=32,
                                                dropout_rate=0.1, attention_dropout_rate=0.1))
   return task_lib.Task(model=model, terms=pretraining.make_terms(7),
-                       batches=task_lib.Batches(train=None, eval=None))
+                       batches=task_lib.Batches(train=None, eval=None),
+                       schedule=task_lib.Schedule.of(_config().train))
 
 
 def test_threefry_init_and_dropout_are_those_of_untyped_keys_bitwise():
@@ -57,7 +64,7 @@ def test_threefry_init_and_dropout_are_those_of_untyped_keys_bitwise():
   heads.init_from_batch jitted with jax.random.PRNGKey(seed)'s first half (no kernel lowering),
   the state's rng is the second half's data, and dropout from its typed key is the same."""
   task, batch = _task(), _batch()
-  state = steps.build(_config(), task, batch).init_state()
+  state = _build(_config(), task, batch).init_state()
   init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(0))
   old = jax.jit(lambda: nn.unbox(heads.init_from_batch(task.model, init_rng, batch)))()
   assert jax.tree.structure(old) == jax.tree.structure(state["params"])
@@ -95,7 +102,7 @@ def test_only_the_init_is_lowered_with_threefrys_gpu_kernel(monkeypatch):
     return pretraining.make_terms(7)(outputs, batch)
 
   task = dataclasses.replace(task, terms=recorded_terms)
-  setup = steps.build(_config(), task, batch)
+  setup = _build(_config(), task, batch)
   seen["init"].clear()  # build's eval_shape
   with concurrent.futures.ThreadPoolExecutor(1) as executor:
     state = executor.submit(setup.compile_init).result()()
@@ -108,8 +115,8 @@ def test_only_the_init_is_lowered_with_threefrys_gpu_kernel(monkeypatch):
 @pytest.mark.parametrize("impl", ["rbg", "unsafe_rbg"])
 def test_rbg_keys_train_and_differ_from_threefry(impl):
   task, batch = _task(), _batch()
-  threefry = steps.build(_config(), task, batch).init_state()
-  setup = steps.build(_config(prng_impl=impl), task, batch)
+  threefry = _build(_config(), task, batch).init_state()
+  setup = _build(_config(prng_impl=impl), task, batch)
   state = setup.init_state()
   assert state["rng"].shape == (4,) and state["rng"].dtype == jnp.uint32
   assert not any(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(threefry["params"]),
@@ -122,7 +129,7 @@ def test_rbg_keys_train_and_differ_from_threefry(impl):
 
 def test_a_prng_impl_that_is_none_of_the_three_is_one_user_error():
   with pytest.raises(UserError) as error:
-    steps.build(_config(prng_impl="philox4x32"), _task(), _batch())
+    _build(_config(prng_impl="philox4x32"), _task(), _batch())
   assert str(error.value) == ("train.prng_impl='philox4x32' is not one of threefry, rbg, "
                               "unsafe_rbg; set --config.train.prng_impl to one of them.")
 

@@ -15,6 +15,7 @@ import numpy as np
 import optax
 import pytest
 
+from bertjax import tasks
 from bertjax.training import flops, parallel, steps, train
 from bertjax.training import task as task_lib
 from bertjax.data.pretraining import masking, pairs
@@ -29,7 +30,7 @@ SPECIAL = masking.SpecialTokens(pad=0, cls=2, sep=3, mask=4, vocab_size=64,
 
 
 def _config(**train_overrides):
-  """configs/tiny.py with a 16-token sequence and a small batch."""
+  """configs/tiny.py with a 16-token sequence and a small batch, typed."""
   from bertjax.configs import tiny  # pylint: disable=import-outside-toplevel
   config = tiny.get_config()
   config.data.max_seq_length = 16
@@ -40,7 +41,7 @@ def _config(**train_overrides):
   config.train.warmup_steps = 0
   config.train.learning_rate = 1e-3
   config.train.update(train_overrides)
-  return config
+  return tasks.typed(config)
 
 
 def _documents(num_docs=12, seed=0):
@@ -90,7 +91,7 @@ def _task(config, dropout=0.1):
   model = heads.BertForPreTraining(_bert_config(dropout))
   return task_lib.Task(model=model, terms=pretraining.make_terms(7),
                        batches=task_lib.Batches(train=batches.train, eval=batches.eval),
-                       score=pretraining.score)
+                       schedule=task_lib.Schedule.of(config.train), score=pretraining.score)
 
 
 def _bert_config(dropout):
@@ -102,8 +103,11 @@ def _first_batch(task):
   return next(task.batches.train(None))[0]
 
 
-def _build(config, task, devices=None):
-  return steps.build(config, task, _first_batch(task), devices)
+def _build(config, task, devices=None, batch=None):
+  """steps.build on the config's checked mesh over `devices` (default: all), initialised with
+  `batch` (default: the task's first)."""
+  return steps.build(config, task, _first_batch(task) if batch is None else batch,
+                     steps.make_checked_mesh(config, devices))
 
 
 def test_tiny_model_overfits_one_batch():
@@ -178,7 +182,7 @@ def test_loss_is_weighted_mean_over_masked_positions():
     return steps.run_eval_step(setup, params, [b])[0]
 
   padded = {k: np.concatenate([v, np.zeros_like(v)]) for k, v in batch.items()}
-  padded_setup = steps.build(_config(eval_batch_size=16), task, batch)
+  padded_setup = _build(_config(eval_batch_size=16), task, batch=batch)
   unpadded = totals(batch)
   with_padding = steps.run_eval_step(padded_setup, params, [padded])[0]
   for key in unpadded:
@@ -207,7 +211,7 @@ def test_gradient_accumulation_matches_one_big_batch():
   for k in (1, 2):
     config = _config(grad_accum_steps=k, num_train_steps=3)
     task = _task(config, dropout=0.0)
-    setup = steps.build(config, task, batch)
+    setup = _build(config, task, batch=batch)
     state = setup.init_state()
     for _ in range(2):
       state, metrics = setup.train_step(state, parallel.global_batch(batch, setup.mesh))
@@ -345,9 +349,10 @@ def test_logged_flops_are_the_real_work_of_each_batch(tmp_path):
   (its peak is unknown)."""
   config = _config(num_train_steps=2, log_every_steps=1, eval_every_steps=2,
                    checkpoint_every_steps=2)
-  config.data.max_seq_length = 32  # longer than most of the synthetic pairs: padding
+  # longer than most of the synthetic pairs: padding
+  config = dataclasses.replace(config, data=dataclasses.replace(config.data, max_seq_length=32))
   task = _task(config, dropout=0.0)
-  train.train_and_evaluate(config, str(tmp_path), task)
+  train.train_and_evaluate(config, str(tmp_path), task, train.run_context(config))
   records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   train_records = [r for r in records if r["split"] == "train"]
   assert [r["step"] for r in train_records] == [1, 2]
@@ -382,7 +387,7 @@ def test_an_error_while_the_bar_draws_starts_on_its_own_line(tmp_path, capsys):
   task = dataclasses.replace(base, batches=dataclasses.replace(base.batches,
                                                                train=damaged_after_three))
   try:
-    train.train_and_evaluate(config, str(tmp_path), task)
+    train.train_and_evaluate(config, str(tmp_path), task, train.run_context(config))
   except UserError as e:  # as bertjax.main prints it: the error's traceback, and the bar, alive
     assert "damaged" in str(e)
     err = capsys.readouterr().err
