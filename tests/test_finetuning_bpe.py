@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from tokenizers import pre_tokenizers
 
-from bertjax import tokenization
+from bertjax import tasks, tokenization
 from bertjax.data import sources
 from bertjax.data.finetuning import glue, ner as ner_data, squad as squad_data, swag
 from bertjax.data.pretraining import layout, loader, preparation
@@ -182,6 +182,7 @@ def test_continued_pretraining_finds_a_model_directorys_tokenizer_json(bpe_file,
   config.init_checkpoint, config.data.vocab_model = str(model_dir), ""
   config.data.input_files, config.data.max_seq_length = str(text_file), 32
   config.data.max_predictions_per_seq, config.data.dupe_factor = 5, 1
+  config = tasks.typed(config)
 
   found = str(model_dir / "tokenizer.json")
   assert pretraining_data.checkpoint_vocabulary(config) == found  # no bert_config.json: beside it

@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Prints one line 'RESULT {json}'. The model is tiny but for its vocabulary (30592 x 32).
 _SCRIPT = textwrap.dedent(f"""
-    import json, sys
+    import dataclasses, json, sys
     sys.path.insert(0, {os.path.join(ROOT, 'tests')!r})
     import jax, numpy as np
     assert jax.device_count() == 8, jax.devices()
@@ -33,12 +33,15 @@ _SCRIPT = textwrap.dedent(f"""
                           pad_vocab_to_multiple=pad)
       base = t._task(t._config())
       return task_lib.Task(model=heads.BertForPreTraining(config), terms=base.terms,
-                           batches=base.batches, score=base.score)
+                           batches=base.batches, schedule=base.schedule, score=base.score)
+
+    def tensor_config(tensor):
+      config = t._config()
+      return dataclasses.replace(config, mesh=dataclasses.replace(config.mesh, tensor=tensor))
 
     result = {{}}
     for tensor in (2, 4, 8):
-      config = t._config()
-      config.mesh.tensor = tensor
+      config = tensor_config(tensor)
       setup = t._build(config, task(128), jax.devices()[:tensor])
       embedding = setup.abstract_state["params"]["bert"]["embeddings"]["word_embeddings"][
           "embedding"]
@@ -46,8 +49,7 @@ _SCRIPT = textwrap.dedent(f"""
                                    embedding.sharding.shard_shape(embedding.shape),
                                    list(embedding.sharding.spec)]
     # One train step over data=1 x tensor=4.
-    config = t._config()
-    config.mesh.tensor = 4
+    config = tensor_config(4)
     padded = task(128)
     setup = t._build(config, padded, jax.devices()[:4])
     batch = parallel.global_batch(t._first_batch(padded), setup.mesh)

@@ -276,11 +276,15 @@ def test_pretraining_runs_on_a_wordpiece_vocabulary(vocab_file, tmp_path):
   config.data.update(input_files=str(text), vocab_model=vocab_file, max_seq_length=32,
                      max_predictions_per_seq=5)
   config.train.update(batch_size=4, eval_batch_size=4, num_train_steps=2, warmup_steps=0)
-  task = pretraining.make_task(config, str(tmp_path / "workdir"))
+  from bertjax import tasks  # pylint: disable=import-outside-toplevel
+  from bertjax.training import train  # pylint: disable=import-outside-toplevel
+  config = tasks.typed(config)
+  context = train.run_context(config)
+  task = pretraining.make_task(config, str(tmp_path / "workdir"), context)
   wordpiece = tokenization.load_tokenizer(vocab_file)
   batch = next(task.batches.train(None))[0]
   assert (batch["input_ids"][:, 0] == wordpiece.cls_id).all() and wordpiece.cls_id == 101
   assert batch["input_ids"].max() < wordpiece.vocab_size
-  setup = steps.build(config, task, batch)
+  setup = steps.build(config, task, batch, context.mesh)
   _, metrics = setup.train_step(setup.init_state(), parallel.global_batch(batch, setup.mesh))
   assert np.isfinite(float(metrics.compute()["loss"]))
