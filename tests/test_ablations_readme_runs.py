@@ -132,7 +132,7 @@ def test_fine_tuning_from_the_ltr_workdir_is_causal_and_conversion_is_refused(re
   config.data.max_seq_length = 32
   config.train.update(batch_size=16, eval_batch_size=32, num_train_steps=3, warmup_steps=1,
                       eval_steps=1)
-  pretrained = finetuning.load_pretrained(config, "GLUE fine-tuning")
+  pretrained = finetuning.load_pretrained(tasks.typed(config), "GLUE fine-tuning")
   assert pretrained.bert_config.causal
   model = heads.BertForTokenClassification(pretrained.bert_config, 3)
   ids = np.tile(np.arange(5, 17, dtype=np.int32), (2, 1))
