@@ -25,7 +25,7 @@ from flax import traverse_util
 import docs_text
 import test_ner
 from bertjax.modeldir import model_files
-from bertjax.training import optim
+from bertjax.training import optim, train
 from bertjax.modeldir import saved_params
 from bertjax import tasks
 from bertjax.errors import UserError
@@ -293,8 +293,9 @@ def test_feature_based_refusals(model_dir, conll_dir, tmp_path):
     config = _config(model_dir, conll_dir)
     for name, value in change.items():
       (config.train if name == "frozen_params" else config.model)[name] = value
+    config = tasks.typed(config)
     with pytest.raises(UserError, match=message):
-      finetuning.make_task(ner.SPEC, config, str(tmp_path / "a"))
+      finetuning.make_task(ner.SPEC, config, str(tmp_path / "a"), train.run_context(config))
   assert not (tmp_path / "a").exists()
   two_layers = finetuning.Data(train={}, eval={}, num_labels=3, context=ner.Context(
       {}, ["O", "B-PER", "I-PER"], "concat_last_four", 64))
