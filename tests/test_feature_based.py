@@ -27,7 +27,7 @@ import test_ner
 from bertjax.modeldir import model_files
 from bertjax.training import optim, train
 from bertjax.modeldir import saved_params
-from bertjax import tasks
+from bertjax import run_config, tasks
 from bertjax.errors import UserError
 from bertjax.models import bert, bilstm, feature_based, heads
 from bertjax.models.config import BertConfig
@@ -189,7 +189,7 @@ def test_frozen_groups_stay_bitwise_with_zero_moments():
   # Adam's moments: zero for the encoder's 15 numbers, moving for the head's 8.
   moments = [x for x in jax.tree.leaves(state) if np.ndim(x) > 0]
   assert sorted(np.count_nonzero(x) for x in moments) == [0] * 4 + [2, 2, 6, 6]
-  assert optim.parse_frozen(" bert, bilstm ,") == ("bert", "bilstm")
+  assert run_config.Train(frozen_params=" bert, bilstm ,").frozen == ("bert", "bilstm")
   tx, _ = optim.make_optimizer(num_train_steps=10, warmup_steps=0, frozen=("encoder",))
   with pytest.raises(UserError, match="train.frozen_params names encoder, which the model does "
                                       "not have; its parameter groups are bert, head"):

@@ -39,7 +39,7 @@ def _flags(corpus, *overrides):
 
 
 def _command(workdir, flags, config="configs/tiny.py"):
-  return [sys.executable, "-m", "bertjax.main", f"--config={os.path.join(ROOT, config)}",
+  return [sys.executable, "-m", "bertjax.main", f"--config={config}",
           f"--workdir={workdir}", *flags]
 
 

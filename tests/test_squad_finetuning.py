@@ -43,7 +43,8 @@ def test_squad_v1_learns_and_writes_run_squad_files(model_dir, tok, tmp_path):
   config = _config(model_dir, train_file, dev_file)
   workdir = tmp_path / "run"
   result = tasks.run(config, str(workdir))
-  assert config.train.num_train_steps == 3 * (320 // 16)  # epochs of questions, as run_squad
+  run = json.loads((workdir / "config.json").read_text())["train"]  # the schedule as run
+  assert run["num_train_steps"] == 3 * (320 // 16)  # epochs of questions, as run_squad
   dev = json.loads(open(dev_file).read())
   features = squad_data.convert_examples_to_features(
       squad_data.read_examples(dev, is_training=False, version_2_with_negative=False),

@@ -218,8 +218,9 @@ def test_swag_learns_and_writes_predictions(model_dir, swag_dir, tmp_path):
   assert set(result) == {"loss", "accuracy"}
   assert result["accuracy"] > 0.9, result  # chance is 0.25
   saved = json.loads((workdir / "eval_results.json").read_text())
-  assert saved["accuracy"] == result["accuracy"] and saved["step"] == config.train.num_train_steps
-  assert config.train.num_train_steps == 3 * (256 // 16)
+  run = json.loads((workdir / "config.json").read_text())["train"]  # the schedule as run
+  assert saved["accuracy"] == result["accuracy"] and saved["step"] == run["num_train_steps"]
+  assert run["num_train_steps"] == 3 * (256 // 16) and config.train.num_train_steps == -1
 
   with open(workdir / swag.EVAL_PREDICTIONS_FILE, newline="") as f:
     rows = list(csv.reader(f))

@@ -210,10 +210,12 @@ def packing(config: run_config.FinetuningRun, spec: Spec, context: task_lib.RunC
             train: Features | None = None) -> int:
   """The examples a row of the config's data.packing (`batching.packing`), for `spec`'s model,
   the batch sizes and `context`'s row multiple; "auto" measures the training features `train`."""
+  auto = str(config.data.packing).strip().lower() == "auto"
   rows = batching.Packable(
       task=spec.name, packable=spec.packable,
-      exact=(spec.padding_invariant and bool(length_buckets(config))
-             and not config.model.bilstm_on_top),
+      # "auto" packs only where rows are cut to buckets (else a row is k x max_seq_length wide)
+      exact=(spec.padding_invariant and not config.model.bilstm_on_top
+             and (not auto or bool(length_buckets(config)))),
       bilstm_on_top=config.model.bilstm_on_top, max_seq_length=config.data.max_seq_length,
       batch_sizes={"batch_size": config.train.batch_size,
                    "eval_batch_size": config.train.eval_batch_size},

@@ -47,7 +47,7 @@ def read(config: run_config.SwagRun, tokenizer: tokenization.Tokenizer,
   del workdir  # nothing of SWAG is kept there
   data = config.data
   for field, name in (("train_file", "train.csv"), ("eval_file", "val.csv")):
-    if not data[field]:
+    if not getattr(data, field):
       raise UserError(f"set --config.data.{field} to SWAG's {name} (data/{name} of the "
                       "rowanz/swagaf repository).")
 
@@ -61,8 +61,8 @@ def read(config: run_config.SwagRun, tokenizer: tokenization.Tokenizer,
   features = {name: encode(split) for name, split in examples.items()}
   for field, name in (("train_file", "train"), ("eval_file", "eval")):
     if "label" not in features[name]:
-      raise UserError(f"data.{field}={data[field]} has examples without a label (test.csv has "
-                      "none); give a labelled file (train.csv, val.csv).")
+      raise UserError(f"data.{field}={getattr(data, field)} has examples without a label "
+                      "(test.csv has none); give a labelled file (train.csv, val.csv).")
   return finetuning.Data(
       train=features["train"], eval=features["eval"],
       predict={"test": features["test"]} if "test" in features else {}, context=examples,
