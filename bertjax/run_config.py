@@ -339,6 +339,10 @@ class SwagRun(FinetuningRun):
   data: SwagData = dataclasses.field(default_factory=SwagData)
 
 
+# What the trainer (`bertjax.training`) runs: a pretraining or a fine-tuning config.
+TrainingRun = PretrainingRun | FinetuningRun
+
+
 # ---------------------------------------------------------------------------------------------
 # Feature extraction (configs/features.py).
 

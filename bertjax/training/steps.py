@@ -2,11 +2,10 @@
 
 `make_checked_mesh` makes a run's mesh, checked against the batch sizes (the trainer does it
 once, `bertjax.training.train.run_context`); `build` makes a run's `Setup` on it: the train
-state's shardings and the jitted functions, with keys of the PRNG `config.train.prng_impl` names. The
-train step is pure, `train_step(state, batch) -> (state, metrics)`, with donated state and the
-dropout key folded from the step; the eval step is one forward pass without dropout for a
-task's metric terms and predictions (`bertjax.training.task`).
-`evaluate` runs it over the held-out batches; `compiled_ahead` compiles the steps for the shapes
+state's shardings and the jitted functions, with keys of the PRNG `config.train.prng_impl`
+names. The train step is pure, `train_step(state, batch) -> (state, metrics)`, with donated
+state and the dropout key folded from the step; the eval step is one forward pass without
+dropout for a task's metric terms and predictions (`bertjax.training.task`). `evaluate` runs it over the held-out batches; `compiled_ahead` compiles the steps for the shapes
 a run will meet, side by side (`bertjax.training.compile_ahead`).
 """
 from __future__ import annotations
@@ -180,8 +179,8 @@ class Setup:
   predict_step: Callable[[Params, Any], tuple[Any, dict]]  # eval_step without the terms
 
 
-def make_checked_mesh(config: Any, devices: list[jax.Device] | None = None
-                      ) -> jax.sharding.Mesh:
+def make_checked_mesh(config: run_config.TrainingRun,
+                      devices: list[jax.Device] | None = None) -> jax.sharding.Mesh:
   """The config's mesh, after checking that its batch sizes split over it (UserError if not)."""
   mesh = parallel.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor, devices)
   parallel.check_batch_size(config.train.batch_size, mesh, "train.batch_size")
@@ -215,7 +214,7 @@ def under_mesh(mesh: jax.sharding.Mesh, fn: Callable) -> Callable:
   return traced_under_mesh
 
 
-def build(config: Any, task: task_lib.Task, init_batch: task_lib.Batch,
+def build(config: run_config.TrainingRun, task: task_lib.Task, init_batch: task_lib.Batch,
           mesh: jax.sharding.Mesh) -> Setup:
   """Builds the state's shardings over `mesh` and the jitted init / train / eval functions;
   `init_batch` (a per-host batch) gives the shapes the parameters are initialised with. `config`

@@ -32,9 +32,9 @@ from etils import epath
 
 from bertjax import run_config
 from bertjax.errors import UserError
+from bertjax.modeldir import checkpoint_faults, saved_params
 from bertjax.training import (checkpoint, compile_ahead, divergence, parallel, preemption,
                               reports, steps)
-from bertjax.modeldir import checkpoint_faults, saved_params
 from bertjax.training import task as task_lib
 from bertjax.workdir import CHECKPOINTS_DIR, CONFIG_FILE
 
@@ -57,7 +57,8 @@ def _raise_full_disk(error: BaseException | None, checkpoints: checkpoint.Checkp
                   f"{resume}.") from error
 
 
-def run_context(config: Any, devices: list[jax.Device] | None = None) -> task_lib.RunContext:
+def run_context(config: run_config.TrainingRun, devices: list[jax.Device] | None = None
+                ) -> task_lib.RunContext:
   """The mesh of `config` (a typed run config) over `devices` (default: all), checked against
   its batch sizes (UserError), and this process's place: what a task is made with."""
   mesh = steps.make_checked_mesh(config, devices)
@@ -67,7 +68,7 @@ def run_context(config: Any, devices: list[jax.Device] | None = None) -> task_li
                              row_multiple=math.lcm(shards, jax.process_count()))
 
 
-def restore_or_init(config: Any, setup: steps.Setup,
+def restore_or_init(config: run_config.TrainingRun, setup: steps.Setup,
                     checkpoints: checkpoint.Checkpoints,
                     vocab_size: int | None = None) -> tuple[steps.TrainState, dict | None]:
   """The start state: latest checkpoint, else init_checkpoint's parameters, else fresh.
@@ -101,7 +102,7 @@ def restore_or_init(config: Any, setup: steps.Setup,
   return state, None
 
 
-def _write_workdir_files(config: Any, workdir: epath.Path,
+def _write_workdir_files(config: run_config.TrainingRun, workdir: epath.Path,
                          files: Mapping[str, str | bytes]) -> None:
   """WORKDIR/config.json (the typed config as run) and the task's files (`Task.files`), from
   host 0."""
@@ -123,7 +124,7 @@ def _first_drawn(batches: Iterator[Any]) -> Iterator[Any]:
   return itertools.chain([first], batches)
 
 
-def train_and_evaluate(config: Any, workdir: str, task: task_lib.Task,
+def train_and_evaluate(config: run_config.TrainingRun, workdir: str, task: task_lib.Task,
                        context: task_lib.RunContext) -> dict[str, float]:
   """Trains `task` (made with `context`) to its schedule's last step, evaluating and
   checkpointing on the way; `config` is the typed run config (`bertjax.run_config`).
