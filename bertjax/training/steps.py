@@ -5,8 +5,9 @@ once, `bertjax.training.train.run_context`); `build` makes a run's `Setup` on it
 state's shardings and the jitted functions, with keys of the PRNG `config.train.prng_impl`
 names. The train step is pure, `train_step(state, batch) -> (state, metrics)`, with donated
 state and the dropout key folded from the step; the eval step is one forward pass without
-dropout for a task's metric terms and predictions (`bertjax.training.task`). `evaluate` runs it over the held-out batches; `compiled_ahead` compiles the steps for the shapes
-a run will meet, side by side (`bertjax.training.compile_ahead`).
+dropout for a task's metric terms and predictions (`bertjax.training.task`). `evaluate` runs it
+over the held-out batches; `compiled_ahead` compiles the steps for the shapes a run will meet,
+side by side (`bertjax.training.compile_ahead`).
 """
 from __future__ import annotations
 
