@@ -36,19 +36,48 @@ from bertjax.models.config import BertConfig, bert_config
 # prepared corpus or fine-tuned model) again; and a long test dealt out last runs alone at the end.
 # Here each module goes whole to one worker (xdist's loadfile), and the modules are handed out
 # longest first (longest processing time first: the short ones fill the gaps at the end). COSTS:
-# a module's seconds on one worker of `-n 2` on a 2-core machine (--durations, rounded), for the
-# modules over about 15 s; the others keep their order after them. `--dist` given on the command
-# line is kept as given.
+# a module's seconds on one worker of `-n 2 --durations=150` on the 2-core machine (2026-11-28),
+# for the modules over 15 s; only their order matters, and a module not listed runs after them,
+# in collection order. `--dist` given on the command line is kept as given.
 COSTS = {
-    "test_colab.py": 100,
-    "test_sweep.py": 90,
-    "test_modernbert_finetuning.py": 120,
-    "test_faults_workdir.py": 90,
-    "test_audit.py": 100,
-    "test_modernbert_pretraining.py": 60,
-    "test_readme.py": 80,
-    "test_feature_based.py": 60,
-    "test_pretraining_parity.py": 90,
+    "test_pretraining.py": 254,
+    "test_multihost.py": 176,
+    "test_audit.py": 111,
+    "test_modernbert_paths.py": 104,
+    "test_modernbert_finetuning.py": 93,
+    "test_transfer_study.py": 91,
+    "test_fast_recipe.py": 88,
+    "test_sweep.py": 87,
+    "test_prng.py": 83,
+    "test_train.py": 82,
+    "test_colab.py": 81,
+    "test_attention_shards.py": 81,
+    "test_finetuning.py": 77,
+    "test_pretraining_parity.py": 64,
+    "test_faults_checkpoint.py": 58,
+    "test_bench.py": 58,
+    "test_modernbert_pretraining.py": 57,
+    "test_ablations_readme_runs.py": 54,
+    "test_faults_vocab.py": 53,
+    "test_docs.py": 53,
+    "test_faults_workdir.py": 51,
+    "test_models.py": 50,
+    "test_readme.py": 44,
+    "test_glue.py": 44,
+    "test_feature_based.py": 40,
+    "test_bilstm.py": 39,
+    "test_packing.py": 38,
+    "test_convert_modernbert_parity.py": 35,
+    "test_accelerator_report.py": 34,
+    "test_attention_paths.py": 31,
+    "test_finetune_bench.py": 28,
+    "test_attention_padded_vocab.py": 25,
+    "test_squad_finetuning.py": 23,
+    "test_attention_remat.py": 22,
+    "test_curves.py": 20,
+    "test_prepare.py": 19,
+    "test_tensor_parallel.py": 17,
+    "test_ner.py": 15,
 }
 
 
