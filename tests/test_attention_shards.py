@@ -15,6 +15,7 @@ checked on 4 CPU devices in a subprocess (this file run as a script, which print
   the step equals that of the plain 'xla' path on the same mesh.
 """
 import contextlib
+import dataclasses
 import functools
 import json
 import os
@@ -179,7 +180,7 @@ def _step_checks(devices) -> dict:
   from bertjax.training import parallel  # pylint: disable=import-outside-toplevel
 
   config = test_train._config()
-  config.mesh.tensor = 2
+  config = dataclasses.replace(config, mesh=dataclasses.replace(config.mesh, tensor=2))
   seen, per_shard = [], attention.per_shard
 
   def spy_per_shard(kernel, q, *args):

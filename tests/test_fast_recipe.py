@@ -12,16 +12,15 @@ import sys
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 
-from bertjax.modeldir import model_files
+from bertjax import run_config
 from bertjax.configs import base, large, tiny
+from bertjax.modeldir import model_files, model_options
 from bertjax.models import heads
 from bertjax.models.config import BertConfig
 from bertjax.tasks import pretraining
-from bertjax.modeldir import model_options
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -201,9 +200,8 @@ def test_the_fast_configs_set_the_options_and_the_paper_ones_do_not():
     ("float32", "gpu", "float32")])
 def test_mlm_logits_dtype_auto_is_the_compute_dtype(logits, platform, expected, monkeypatch):
   monkeypatch.setattr(jax, "default_backend", lambda: platform)
-  model = ml_collections.ConfigDict(dict(dtype="auto", mlm_logits_dtype=logits,
-                                         fused_qkv=True))
-  overrides = model_options.bert_overrides(model)
+  model = run_config.PretrainingModel(dtype="auto", mlm_logits_dtype=logits, fused_qkv=True)
+  overrides = model_options.pretraining_overrides(model)
   assert overrides["mlm_logits_dtype"] == expected and overrides["fused_qkv"] is True
 
 
