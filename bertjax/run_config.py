@@ -317,24 +317,28 @@ class SwagData(FinetuningData):
 
 @dataclasses.dataclass(frozen=True)
 class GlueRun(FinetuningRun):
+  """A GLUE task's fine-tuning (configs/glue.py)."""
   task: str = "mrpc"  # the GLUE task: cola sst2 mrpc qqp stsb mnli qnli rte wnli (ax: predict)
   data: GlueData = dataclasses.field(default_factory=GlueData)
 
 
 @dataclasses.dataclass(frozen=True)
 class SquadRun(FinetuningRun):
+  """SQuAD fine-tuning (configs/squad.py)."""
   task: str = "squad"
   data: SquadData = dataclasses.field(default_factory=SquadData)
 
 
 @dataclasses.dataclass(frozen=True)
 class NerRun(FinetuningRun):
+  """CoNLL-2003 NER fine-tuning (configs/ner.py)."""
   task: str = "ner"
   data: NerData = dataclasses.field(default_factory=NerData)
 
 
 @dataclasses.dataclass(frozen=True)
 class SwagRun(FinetuningRun):
+  """SWAG fine-tuning (configs/swag.py)."""
   task: str = "swag"
   data: SwagData = dataclasses.field(default_factory=SwagData)
 
@@ -409,14 +413,12 @@ def typed(config: ml_collections.ConfigDict | Mapping[str, Any], schema: type[Sc
 
 def derived(run: Schema) -> Schema:
   """`run` with train.warmup_steps -1 made warmup_proportion of train.num_train_steps where the
-  steps are known (pretraining; fine-tuning knows them from its data: `with_steps`)."""
-  train = getattr(run, "train", None)
-  if train is None or train.warmup_steps >= 0 or train.num_train_steps < 0:
+  steps are known (pretraining; a fine-tuning run knows them once it has read its data:
+  `bertjax.tasks.finetuning.schedule`)."""
+  if isinstance(run, FeaturesRun):
+    return run
+  train = run.train
+  if train.warmup_steps >= 0 or train.num_train_steps < 0:
     return run
   warmup = int(train.warmup_proportion * train.num_train_steps)
   return dataclasses.replace(run, train=dataclasses.replace(train, warmup_steps=warmup))
-
-
-def as_dict(run: Any) -> dict[str, Any]:
-  """`run` as nested dicts (what WORKDIR/config.json holds)."""
-  return dataclasses.asdict(run)

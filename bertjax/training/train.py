@@ -109,7 +109,7 @@ def _write_workdir_files(config: run_config.TrainingRun, workdir: epath.Path,
   if jax.process_index() != 0:
     return
   workdir.mkdir(parents=True, exist_ok=True)
-  (workdir / CONFIG_FILE).write_text(json.dumps(run_config.as_dict(config), indent=2) + "\n")
+  (workdir / CONFIG_FILE).write_text(json.dumps(dataclasses.asdict(config), indent=2) + "\n")
   for name, data in files.items():
     if isinstance(data, bytes):
       (workdir / name).write_bytes(data)
