@@ -213,9 +213,9 @@ def packing(config: run_config.FinetuningRun, spec: Spec, context: task_lib.RunC
   auto = str(config.data.packing).strip().lower() == "auto"
   rows = batching.Packable(
       task=spec.name, packable=spec.packable,
-      # "auto" packs only where rows are cut to buckets (else a row is k x max_seq_length wide)
-      exact=(spec.padding_invariant and not config.model.bilstm_on_top
-             and (not auto or bool(length_buckets(config)))),
+      # Asked of "auto" alone; a packed row is k x max_seq_length wide without buckets.
+      exact=(auto and spec.padding_invariant and not config.model.bilstm_on_top
+             and bool(length_buckets(config))),
       bilstm_on_top=config.model.bilstm_on_top, max_seq_length=config.data.max_seq_length,
       batch_sizes={"batch_size": config.train.batch_size,
                    "eval_batch_size": config.train.eval_batch_size},

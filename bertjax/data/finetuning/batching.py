@@ -60,7 +60,7 @@ class Packable:
     task: the task in words, for messages.
     packable: its model gives one output per packed example (`finetuning.Spec.packable`).
     exact: packing changes no loss or prediction (a padding-invariant spec with length buckets
-      and no BiLSTM on top): "auto" packs only then.
+      and no BiLSTM on top): "auto" packs only then (a number packs as asked).
     bilstm_on_top: model.bilstm_on_top (a BiLSTM would run across a row's examples).
     max_seq_length: data.max_seq_length, the room of one example.
     batch_sizes: {"batch_size": n, "eval_batch_size": m}, in examples.
@@ -74,10 +74,13 @@ class Packable:
   batch_sizes: dict[str, int]
   row_multiple: int
 
+  def whole_rows(self, size: int, k: int) -> bool:
+    """Whether `size` examples, k a row, make whole rows that spread evenly (row_multiple)."""
+    return size % k == 0 and (size // k) % self.row_multiple == 0
+
   def fits(self, k: int) -> bool:
     """Whether k examples a row make whole rows of both batch sizes, spread evenly."""
-    return all(size % k == 0 and (size // k) % self.row_multiple == 0
-               for size in self.batch_sizes.values())
+    return all(self.whole_rows(size, k) for size in self.batch_sizes.values())
 
 
 def packing(value: str, rows: Packable, input_mask: np.ndarray | None = None) -> int:
@@ -111,7 +114,7 @@ def packing(value: str, rows: Packable, input_mask: np.ndarray | None = None) ->
                     "cuts its padding instead.")
   shards = rows.row_multiple
   for name, size in rows.batch_sizes.items():
-    if size % k or (size // k) % shards:
+    if not rows.whole_rows(size, k):
       raise UserError(
           f"train.{name}={size} with data.packing={k} makes {size / k:g} rows, which must be "
           f"whole and split over {shards} batch shards (devices, hosts and grad_accum_steps); "
