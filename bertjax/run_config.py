@@ -411,14 +411,13 @@ def typed(config: ml_collections.ConfigDict | Mapping[str, Any], schema: type[Sc
   return derived(_build(schema, values, ""))
 
 
-def derived(run: Schema) -> Schema:
-  """`run` with train.warmup_steps -1 made warmup_proportion of train.num_train_steps where the
-  steps are known (pretraining; a fine-tuning run knows them once it has read its data:
-  `bertjax.tasks.finetuning.schedule`)."""
-  if isinstance(run, FeaturesRun):
-    return run
-  train = run.train
-  if train.warmup_steps >= 0 or train.num_train_steps < 0:
-    return run
-  warmup = int(train.warmup_proportion * train.num_train_steps)
-  return dataclasses.replace(run, train=dataclasses.replace(train, warmup_steps=warmup))
+def derived(value: Schema) -> Schema:
+  """`value` (a run, or a train section alone) with train.warmup_steps -1 made warmup_proportion
+  of train.num_train_steps where the steps are known (pretraining; a fine-tuning run knows them
+  once it has read its data: `bertjax.tasks.finetuning.schedule`)."""
+  if isinstance(value, (PretrainingRun, FinetuningRun)):
+    return dataclasses.replace(value, train=derived(value.train))
+  if not isinstance(value, Train) or value.warmup_steps >= 0 or value.num_train_steps < 0:
+    return value
+  return dataclasses.replace(
+      value, warmup_steps=int(value.warmup_proportion * value.num_train_steps))
