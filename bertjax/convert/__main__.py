@@ -7,9 +7,11 @@
       `--config.init_checkpoint=OUT` starts from), bert_config.json and the tokenizer files.
   python -m bertjax.convert --to=hf --src=OUT --dst=HF_DIR
       OUT: a directory written by --from=hf (or any bertjax checkpoint directory with a
-      bert_config.json). HF_DIR gets config.json, model.safetensors and the tokenizer files;
-      transformers.BertForPreTraining.from_pretrained(HF_DIR) loads it (a ModernBERT:
-      ModernBertForMaskedLM, or the class config.json names).
+      bert_config.json). HF_DIR gets config.json, model.safetensors and the tokenizer as
+      transformers reads it (tokenizer.json, tokenizer_config.json: `bertjax.convert.
+      hf_tokenizer`); transformers.BertForPreTraining.from_pretrained(HF_DIR) loads it (a
+      ModernBERT: ModernBertForMaskedLM, or the class config.json names) and
+      AutoTokenizer.from_pretrained(HF_DIR) gives bertjax's ids.
   python -m bertjax.convert --from=tf --src=GOOGLE_DIR --dst=OUT [--do_lower_case=true|false]
       GOOGLE_DIR: a Google BERT release (bert_config.json, vocab.txt, bert_model.ckpt.*); needs
       TensorFlow (pip install 'bertjax[tf]'). OUT as for --from=hf, plus tokenizer_config.json
@@ -24,11 +26,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 
 from bertjax.modeldir import model_files
-from bertjax.convert import hf, hf_files, hf_modernbert, hf_rules
+from bertjax.convert import hf, hf_files, hf_modernbert, hf_rules, hf_tokenizer
 from bertjax.convert import tf
 from bertjax.errors import UserError
 
@@ -82,8 +83,13 @@ def to_hf_dir(src: str, dst: str) -> str:
               f, indent=2)
     f.write("\n")
   save_file(tensors, os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
-  for path in model_files.tokenizer_files(src):
-    shutil.copy(path, os.path.join(dst, os.path.basename(path)))
+  if model_files.tokenizer_files(src):
+    tokenizer = model_files.load_tokenizer(src)
+    files = hf_tokenizer.files_for(tokenizer, "modernbert" if config.is_modernbert else "bert",
+                                   config.max_position_embeddings)
+    for name, data in files.items():
+      with open(os.path.join(dst, name), "wb") as f:
+        f.write(data)
   return architecture
 
 

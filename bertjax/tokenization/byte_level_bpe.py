@@ -125,6 +125,17 @@ class ByteLevelBPETokenizer(TokenizersTokenizer):
     self._punctuation = np.array([_separates_words(t) for t in texts], bool)  # [vocab_size]
     self._punctuation[sorted(not_text)] = False
 
+  @property
+  def file_contents(self) -> bytes:
+    """tokenizer.json's bytes, as read."""
+    return self._data
+
+  @property
+  def companions(self) -> dict[str, bytes]:
+    """{file name: bytes} of tokenizer_config.json and special_tokens_map.json, where they were
+    beside tokenizer.json."""
+    return dict(self._companions)
+
   def id_to_token(self, i: int) -> str:
     if not 0 <= int(i) < self.vocab_size:
       raise IndexError(f"id {i} is outside the vocabulary [0, {self.vocab_size})")

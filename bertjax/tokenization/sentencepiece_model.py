@@ -75,6 +75,11 @@ class SentencePieceTokenizer(Tokenizer):
     table[list(self.special_ids)] = True
     self._word_start = table  # [vocab_size]
 
+  @property
+  def model_proto(self) -> bytes:
+    """The .model file's bytes (its pieces, scores and normalizer)."""
+    return self._proto
+
   def encode(self, text: str) -> list[int]:
     return self._sp.encode(text, out_type=int)
 
