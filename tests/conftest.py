@@ -18,6 +18,14 @@ import jax
 import numpy as np
 import pytest
 
+# XLA's CPU backend compiles without LLVM's optimizations in every process of the session (this
+# one, and those it starts, which inherit the environment): most tests run tiny models, so
+# compiling is most of their time, and unoptimized code computes the same functions. A run that
+# sets the level itself keeps it.
+if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = " ".join(
+      filter(None, [os.environ.get("XLA_FLAGS"), "--xla_backend_optimization_level=0"]))
+
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   _CACHE_DIR = tempfile.mkdtemp(prefix="bertjax_tests_xla_cache_")
   atexit.register(shutil.rmtree, _CACHE_DIR, ignore_errors=True)
@@ -80,6 +88,21 @@ COSTS = {
     "test_tensor_parallel.py": 17,
     "test_ner.py": 15,
 }
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def cpu_env(num_devices: int = 1, **variables: str) -> dict[str, str]:
+  """The environment of a process a test starts: this one's (the session's XLA flags and
+  compilation cache), on the CPU with `num_devices` simulated devices, the checkout first on
+  PYTHONPATH, then `variables`."""
+  flags = [flag for flag in os.environ.get("XLA_FLAGS", "").split()
+           if not flag.startswith("--xla_force_host_platform_device_count")]
+  flags.append(f"--xla_force_host_platform_device_count={num_devices}")
+  path = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
+  return {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": " ".join(flags), "PYTHONPATH": path,
+          **variables}
 
 
 @pytest.hookimpl(tryfirst=True)

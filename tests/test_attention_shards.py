@@ -31,6 +31,8 @@ import numpy as np
 from bertjax.models import attention
 from bertjax.models.config import BertConfig
 
+from conftest import cpu_env
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MESHES = {"data2_tensor2": (2, 1, 2), "data4": (4, 1, 1)}  # (data, fsdp, tensor)
 BATCH, SEQ, HEADS, HEAD_DIM = 8, 128, 2, 16
@@ -224,8 +226,7 @@ def _main():
 
 @functools.cache
 def _result() -> dict:
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
-             JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+  env = cpu_env(4)
   out = subprocess.run([sys.executable, os.path.abspath(__file__)], env=env, capture_output=True,
                        text=True, timeout=600, check=False)
   assert out.returncode == 0, out.stderr[-3000:]

@@ -1,7 +1,6 @@
 """Tests of bertjax.training.checkpoint and bertjax.modeldir.saved_params on a tiny flax model +
 optax
 state (CPU, a few seconds)."""
-import os
 import subprocess
 import sys
 import textwrap
@@ -18,7 +17,7 @@ from bertjax.training import checkpoint, optim
 from bertjax.modeldir import layout, saved_params
 from bertjax.errors import UserError
 
-from conftest import tree_digest
+from conftest import cpu_env, tree_digest
 
 
 class _Tiny(nn.Module):
@@ -288,10 +287,7 @@ _TWO_DEVICES = textwrap.dedent("""
 
 
 def test_save_sharded_restore_resharded_on_two_devices(tmp_path):
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
-             JAX_PLATFORMS="cpu")
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+  env = cpu_env(2)
   result = subprocess.run([sys.executable, "-c", _TWO_DEVICES, str(tmp_path / "checkpoints"),
                            str(tmp_path / "vocab")],
                           env=env, capture_output=True, text=True, timeout=120)

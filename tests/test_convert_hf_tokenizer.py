@@ -21,7 +21,7 @@ from tokenizers import models, normalizers, pre_tokenizers, trainers
 
 from bertjax import tokenization
 from bertjax.convert import hf
-from bertjax.convert.__main__ import to_hf_dir
+from bertjax.convert import __main__ as cli
 from bertjax.data import sources
 from bertjax.models import heads
 from bertjax.models.config import BertConfig, bert_config
@@ -96,7 +96,7 @@ KINDS = ["sentencepiece-unigram", "sentencepiece-bpe", "wordpiece-uncased", "wor
 def test_exported_tokenizer_gives_bertjax_ids_and_the_model_its_logits(kind, tmp_path):
   model_dir, tok = _model_dir(kind, str(tmp_path))
   hf_dir = str(tmp_path / "hf")
-  to_hf_dir(model_dir, hf_dir)
+  cli.to_hf_dir(model_dir, hf_dir)
   theirs = transformers.AutoTokenizer.from_pretrained(hf_dir)
 
   # Ids: single texts and pairs, with BERT's [CLS] A [SEP] B [SEP].
@@ -129,3 +129,42 @@ def test_exported_tokenizer_gives_bertjax_ids_and_the_model_its_logits(kind, tmp
   logits = (out.logits if modernbert else out.prediction_logits).numpy()
   real = mask.astype(bool)
   np.testing.assert_allclose(ours[real], logits[real], rtol=0, atol=2e-5)
+
+
+def _wordpiece_json(pieces):
+  tok = HFTokenizer(models.WordPiece({p: i for i, p in enumerate(pieces)}, unk_token="[UNK]"))
+  return tok.to_str()
+
+
+@pytest.mark.parametrize("problem,expected", [
+    ("truncated tokenizer.json", "is not valid JSON"),
+    ("tokenizer.json not JSON", "is not valid JSON"),
+    ("WordPiece tokenizer.json alone", "no vocab.txt beside tokenizer.json"),
+    ("33 pieces for 806 rows", "has 33 ids but the model 806 rows (more than 128 of padding)"),
+    ("900 pieces for 806 rows", "has 900 ids but the model 806 rows; they do not belong"),
+])
+def test_from_hf_refuses_a_tokenizer_that_does_not_go_with_the_model(problem, expected, tmp_path,
+                                                                      capsys):
+  """The tokenizer beside a Hugging Face checkpoint is read, and checked against the model's
+  rows, before anything is written: exit 2, one message, no destination."""
+  torch.manual_seed(0)
+  model = transformers.BertForPreTraining(transformers.BertConfig(
+      vocab_size=806, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+      intermediate_size=37, max_position_embeddings=64))
+  src = tmp_path / "hf"
+  model.save_pretrained(str(src))
+  pieces = SPECIALS + [f"w{i}" for i in range(801)]
+  count = {"33 pieces for 806 rows": 33, "900 pieces for 806 rows": 900}.get(problem, 806)
+  if problem != "WordPiece tokenizer.json alone":
+    (src / "vocab.txt").write_text("".join(p + "\n" for p in (SPECIALS + [
+        f"w{i}" for i in range(count - len(SPECIALS))])), encoding="utf-8")
+  text = {"truncated tokenizer.json": _wordpiece_json(pieces)[:500],
+          "tokenizer.json not JSON": "<html>not found</html>",
+          "WordPiece tokenizer.json alone": _wordpiece_json(pieces)}.get(problem)
+  if text is not None:
+    (src / "tokenizer.json").write_text(text, encoding="utf-8")
+  dst = tmp_path / "out"
+  assert cli.main(["--from=hf", f"--src={src}", f"--dst={dst}"]) == 2
+  err = capsys.readouterr().err
+  assert err.count("convert: error:") == 1 and expected in err, err
+  assert not dst.exists()

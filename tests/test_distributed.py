@@ -16,6 +16,8 @@ import pytest
 from bertjax.errors import UserError
 from bertjax.training import distributed, preemption
 
+from conftest import cpu_env
+
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _ADDRESS = "10.0.0.1:8476"
 _SLURM = {"SLURM_JOB_ID": "77", "SLURM_STEP_NODELIST": "node[001-004]", "SLURM_NTASKS": "4",
@@ -88,8 +90,7 @@ def _env(**variables) -> dict[str, str]:
   """This environment without any job description, plus `variables`, for a CPU process."""
   env = {k: v for k, v in os.environ.items()
          if not k.startswith(("JAX_", "SLURM_", "OMPI_", "TPU_"))}
-  env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2",
-             **variables)
+  env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=cpu_env(2)["XLA_FLAGS"], **variables)
   return env
 
 

@@ -18,7 +18,7 @@ import pytest
 from bertjax.training import checkpoint, train
 from bertjax.errors import UserError
 
-from conftest import tree_digest
+from conftest import cpu_env, tree_digest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -37,8 +37,7 @@ def _flags(corpus, *overrides):
 
 
 def _run(workdir, flags):
-  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu",
-             XLA_FLAGS="--xla_force_host_platform_device_count=1")
+  env = cpu_env()
   return subprocess.run([sys.executable, "-m", "bertjax.main",
                          f"--config={os.path.join(ROOT, 'bertjax/configs/tiny.py')}",
                          f"--workdir={workdir}", *flags],

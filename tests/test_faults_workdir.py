@@ -21,7 +21,7 @@ from bertjax import lock, workdir
 from bertjax.training import reports
 from bertjax.errors import UserError
 
-from conftest import tree_digest, write_chapters
+from conftest import cpu_env, tree_digest, write_chapters
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LONG_RUN = ["--config.train.num_train_steps=100000", "--config.train.eval_every_steps=100000",
@@ -60,8 +60,7 @@ def _command(directory, flags, config="configs/tiny.py"):
 
 
 def _env(**extra):
-  return dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu",
-              XLA_FLAGS="--xla_force_host_platform_device_count=1", **extra)
+  return cpu_env(**extra)
 
 
 def _run(directory, flags, config="configs/tiny.py", preexec_fn=None):

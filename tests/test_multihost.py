@@ -24,7 +24,7 @@ from flax import traverse_util
 
 from bertjax.modeldir import saved_params
 
-from conftest import write_chapters
+from conftest import cpu_env, write_chapters
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 4
@@ -57,8 +57,7 @@ def _free_port():
 
 def _start(workdir, corpus, *overrides, processes=2):
   """Starts the job: `processes` processes of 4 / processes CPU devices each."""
-  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu",
-             XLA_FLAGS=f"--xla_force_host_platform_device_count={4 // processes}")
+  env = cpu_env(4 // processes)
   if processes > 1:
     env.update(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{_free_port()}",
                JAX_NUM_PROCESSES=str(processes))

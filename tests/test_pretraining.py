@@ -16,11 +16,11 @@ import pytest
 
 from bertjax.errors import UserError
 from bertjax.models import heads
-from bertjax import tasks
+from bertjax import tasks, tokenization
 from bertjax.tasks import pretraining, pretraining_config
 from bertjax.training import train
 
-from conftest import tree_digest
+from conftest import cpu_env, tree_digest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -44,9 +44,7 @@ def _command(workdir, flags, config="configs/tiny.py"):
 
 
 def _env(num_devices=1):
-  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
-  env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={num_devices}"
-  return env
+  return cpu_env(num_devices)
 
 
 def _run(workdir, flags, config="configs/tiny.py", num_devices=1, timeout=300):
@@ -103,6 +101,11 @@ def test_cli_end_to_end(corpus, tmp_path):
   import transformers  # pylint: disable=import-outside-toplevel
   _, info = transformers.BertForPreTraining.from_pretrained(hf_dir, output_loading_info=True)
   assert not info["missing_keys"] and not info["unexpected_keys"], info
+  # ... and its tokenizer with AutoTokenizer, which gives the run's ids.
+  theirs = transformers.AutoTokenizer.from_pretrained(hf_dir)
+  ours = tokenization.load_tokenizer(str(workdir / "vocab.model"))
+  text = "It is a truth universally acknowledged, that a single man must be in want of a wife."
+  assert theirs(text)["input_ids"] == [ours.cls_id, *ours.encode(text), ours.sep_id]
 
 
 def test_kill_9_and_rerun_continue_bitwise_in_the_long_phase(corpus, tmp_path):

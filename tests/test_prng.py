@@ -22,7 +22,7 @@ from bertjax.tasks import pretraining
 from bertjax.training import checkpoint, steps
 from bertjax.training import task as task_lib
 
-from conftest import tree_digest
+from conftest import cpu_env, tree_digest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -174,8 +174,7 @@ def _run(workdir, corpus, *flags):
   """A tiny pretraining run on the test corpus: 4 steps of 8 rows of 32 tokens, a checkpoint
   every 2, then `flags`."""
   text_file, vocab = corpus
-  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu",
-             XLA_FLAGS="--xla_force_host_platform_device_count=1")
+  env = cpu_env()
   return subprocess.run(
       [sys.executable, "-m", "bertjax.main", f"--config={os.path.join(ROOT, 'bertjax/configs/tiny.py')}",
        f"--workdir={workdir}", f"--config.data.input_files={text_file}",

@@ -11,6 +11,8 @@ import subprocess
 import sys
 import textwrap
 
+from conftest import cpu_env
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Prints one line 'RESULT {json}'. The model is tiny but for its vocabulary (30592 x 32).
@@ -69,8 +71,7 @@ _SCRIPT = textwrap.dedent(f"""
 
 
 def test_bert_vocabulary_splits_over_tensor_parallel_devices():
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-             JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+  env = cpu_env(8)
   out = subprocess.run([sys.executable, "-c", _SCRIPT], env=env, capture_output=True, text=True,
                        timeout=300, check=False)
   assert out.returncode == 0, out.stderr[-3000:]

@@ -24,6 +24,8 @@ from bertjax.models import heads
 from bertjax.models.config import bert_config
 from bertjax.tasks import pretraining
 
+from conftest import cpu_env
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPECIAL = masking.SpecialTokens(pad=0, cls=2, sep=3, mask=4, vocab_size=64,
                                 ids_never_masked=frozenset({0, 1, 2, 3, 4}))
@@ -257,8 +259,7 @@ def test_two_devices_match_one_device():
                    results[0][0], results[1][0])
       print("PARITY OK", results[0][1])
       """)
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
-             JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+  env = cpu_env(2)
   out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
                        timeout=300, check=False)
   assert out.returncode == 0, out.stderr[-3000:]

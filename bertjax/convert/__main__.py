@@ -28,7 +28,7 @@ import json
 import os
 import sys
 
-from bertjax.modeldir import model_files
+from bertjax.modeldir import model_files, model_options
 from bertjax.convert import hf, hf_files, hf_modernbert, hf_rules, hf_tokenizer
 from bertjax.convert import tf
 from bertjax.errors import UserError
@@ -53,6 +53,8 @@ def from_hf_dir(src: str, dst: str) -> hf.ConversionReport:
   config = hf_files.hf_config_to_bert_config(hf_config)
   task, num_labels = hf_files.hf_task(hf_config)
   params, report = hf.from_hf(hf_files.load_hf_state_dict(src), config, task, num_labels)
+  if model_files.tokenizer_files(src):  # checked before anything is written
+    model_options.check_vocabulary(config, model_files.load_tokenizer(src).vocab_size, src)
   model_files.save_model_dir(dst, params, config, model_files.tokenizer_files(src))
   return report
 

@@ -82,6 +82,25 @@ def check_fits(bert_config: BertConfig, vocab_size: int, seq_lens: list[int], wh
   if longest > bert_config.max_position_embeddings:
     raise UserError(f"{length_field}={longest} exceeds the model's "
                     f"{bert_config.max_position_embeddings} positions; lower it.")
-  if vocab_size > bert_config.vocab_size:
-    raise UserError(f"the tokenizer in {where} has {vocab_size} ids but the model "
-                    f"{bert_config.vocab_size}; they do not belong together.")
+  check_vocabulary(bert_config, vocab_size, where)
+
+
+# How many more word-embedding rows than tokenizer ids a model may have: padding of its table to
+# a multiple (ModernBERT's 50,368 rows for its tokenizer's 50,285 ids). More is a model trained
+# with another, larger vocabulary, whose rows the ids would read at random.
+MAX_SPARE_ROWS = 128
+
+
+def check_vocabulary(bert_config: BertConfig, vocab_size: int, where: str) -> None:
+  """Raises UserError where the tokenizer of `where` (`vocab_size` ids) and the model's
+  bert_config.vocab_size rows do not belong together: ids the model has no row for, or more
+  than MAX_SPARE_ROWS rows no id reads."""
+  rows = bert_config.vocab_size
+  if vocab_size > rows:
+    raise UserError(f"the tokenizer in {where} has {vocab_size} ids but the model {rows} rows; "
+                    "they do not belong together: give the tokenizer the model was trained "
+                    "with.")
+  if rows - vocab_size > MAX_SPARE_ROWS:
+    raise UserError(f"the tokenizer in {where} has {vocab_size} ids but the model {rows} rows "
+                    f"(more than {MAX_SPARE_ROWS} of padding): the model was trained with "
+                    "another vocabulary; give the tokenizer it was trained with.")
