@@ -134,6 +134,18 @@ def test_a_bad_flag_is_one_line(tmp_path):
   assert "bertjax: error: mesh fsdp=3 x tensor=1 does not divide the 8 devices" in result.stderr
 
 
+@pytest.mark.parametrize("count", ["0", "-2"])
+def test_a_device_count_below_one_is_one_line(count):
+  result = subprocess.run(
+      [sys.executable, "-m", "bertjax.tools.audit", "--config=configs/tiny.py",
+       f"--devices={count}"], cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT),
+      capture_output=True, text=True, timeout=300, check=False)
+  assert result.returncode == 2, result.stderr[-3000:]
+  assert "Traceback" not in result.stderr
+  assert (f"bertjax: error: --devices={count}: simulate 1 or more CPU devices"
+          in result.stderr), result.stderr[-3000:]
+
+
 MESH = types.SimpleNamespace(devices=np.empty((2, 2, 2)), axis_names=("data", "fsdp", "tensor"))
 
 

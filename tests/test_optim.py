@@ -103,13 +103,16 @@ def test_adamw_matches_hand_written_update():
   assert not np.allclose(_run(tx_no_decay, grads_list)["dense"]["kernel"], got["dense"]["kernel"])
 
 
-def test_clipping_by_global_norm():
+@pytest.mark.parametrize("optimizer", optim.OPTIMIZERS)
+def test_clipping_by_global_norm(optimizer):
+  """train.clip_norm clips the gradients by their global norm before any optimizer, StableAdamW
+  too (ModernBERT's recipe sets clip_norm=0: it clips each tensor's update instead)."""
   # A large gradient (norm 10) then a small one (norm 0.5). Adam is nearly scale-invariant on a
   # single step, so clipping shows in how the two steps combine in the moments.
   big, small = _grads(0), _grads(1)
   big = jax.tree.map(lambda g: g * 10.0 / optax.global_norm(big), big)
   small = jax.tree.map(lambda g: g * 0.5 / optax.global_norm(small), small)
-  kwargs = dict(learning_rate=1e-2, num_train_steps=10, warmup_steps=0)
+  kwargs = dict(learning_rate=1e-2, num_train_steps=10, warmup_steps=0, optimizer=optimizer)
   clipped, _ = optim.make_optimizer(clip_norm=1.0, **kwargs)
   unclipped, _ = optim.make_optimizer(clip_norm=None, **kwargs)
   got = _run(clipped, [big, small])

@@ -118,6 +118,8 @@ def test_kill_9_and_rerun_continue_bitwise_in_the_long_phase(corpus, tmp_path):
   straight, killed = tmp_path / "straight", tmp_path / "killed"
   out = _run(straight, _flags(corpus, *flags, "--config.train.stop_after_steps=16"))
   assert out.returncode == 0, out.stderr[-3000:]
+  assert ("after 5 steps (train.long_seq_from_step): sequences of 48 tokens "
+          "(data.long_seq_length) from here") in out.stdout
   process = subprocess.Popen(_command(killed, _flags(corpus, *flags)), env=_env(), cwd=ROOT,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   deadline = time.time() + 240
@@ -318,7 +320,8 @@ def test_paper_configs_build_and_run_one_step(config, corpus, tmp_path):
                        f"--config.data.vocab_model={vocab}", "--config.data.max_seq_length=32",
                        "--config.data.max_predictions_per_seq=5", "--config.train.batch_size=2",
                        "--config.train.eval_batch_size=2", "--config.train.num_train_steps=1",
-                       "--config.train.warmup_steps=0", "--config.train.eval_steps=1"],
+                       "--config.train.warmup_steps=0", "--config.train.eval_steps=1",
+                       "--config.data.long_seq_length=0"],
              config=config, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
   params, _ = _saved_params(workdir)
@@ -345,6 +348,21 @@ def test_check_config_names_the_field():
   config.data.max_seq_length = 1024
   with pytest.raises(UserError, match="max_position_embeddings"):
     pretraining_config.check_config(tasks.typed(config))
+  # Context extension: the long phase longer than the first, the switch within the run.
+  config = tiny.get_config()
+  config.data.update(max_seq_length=128, long_seq_length=128)
+  config.train.update(num_train_steps=100, long_seq_from_step=90)
+  with pytest.raises(UserError, match="data.long_seq_length=128 is not longer than "
+                     "data.max_seq_length=128"):
+    pretraining_config.check_config(tasks.typed(config))
+  config.data.long_seq_length = 256
+  for step in (0, 100, 150):
+    config.train.long_seq_from_step = step
+    with pytest.raises(UserError, match=f"within the run, from 1 to train.num_train_steps - 1 "
+                       rf"\(99; the paper: 90% of the steps\); it is {step}"):
+      pretraining_config.check_config(tasks.typed(config))
+  config.train.long_seq_from_step = 99
+  pretraining_config.check_config(tasks.typed(config))
 
 
 def test_sequence_length_phases_and_their_position(corpus, tmp_path):

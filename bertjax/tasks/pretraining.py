@@ -147,6 +147,8 @@ class _Phases:
     while True:
       if phase == 0 and self._switch_step and served == self._switch_step:
         phase, inner = 1, self.phases[1].iterate(0)
+        print(f"after {served} steps (train.long_seq_from_step): sequences of "
+              f"{self.phases[1].length} tokens (data.long_seq_length) from here", flush=True)
       batch, examples = next(inner)
       served += 1
       yield batch, {"phase": phase, "batches": served, "examples": examples,

@@ -43,10 +43,16 @@ def check_config(config: run_config.PretrainingRun) -> None:
   if longest > config.model.max_position_embeddings:
     raise UserError(f"sequences of {longest} tokens need model.max_position_embeddings >= "
                     f"{longest} (it is {config.model.max_position_embeddings}).")
-  if data.long_seq_length and tr.long_seq_from_step < 1:
+  if data.long_seq_length and data.long_seq_length <= data.max_seq_length:
+    raise UserError(f"data.long_seq_length={data.long_seq_length} is not longer than "
+                    f"data.max_seq_length={data.max_seq_length}: the long phase must be longer "
+                    "(the paper: 512 after 128); raise it, or set data.long_seq_length=0 for "
+                    "one phase.")
+  if data.long_seq_length and not 1 <= tr.long_seq_from_step < tr.num_train_steps:
     raise UserError(f"data.long_seq_length={data.long_seq_length} needs "
-                    f"train.long_seq_from_step >= 1 (the paper: 90% of the steps); it is "
-                    f"{tr.long_seq_from_step}. Set data.long_seq_length=0 for one phase.")
+                    f"train.long_seq_from_step within the run, from 1 to train.num_train_steps - 1 "
+                    f"({tr.num_train_steps - 1}; the paper: 90% of the steps); it is "
+                    f"{tr.long_seq_from_step}. Set it, or data.long_seq_length=0 for one phase.")
   for name in ("num_train_steps", "batch_size", "eval_batch_size", "log_every_steps",
                "eval_every_steps", "checkpoint_every_steps", "keep_checkpoints"):
     if getattr(tr, name) < 1:

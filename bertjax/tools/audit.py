@@ -35,6 +35,8 @@ def _simulated_devices(argv: Sequence[str]) -> None:
   for arg in argv:
     if arg.startswith("--devices="):
       count = arg.split("=", 1)[1]
+      if not count.isdigit() or int(count) < 1:
+        return  # refused by main, once jax starts with the machine's devices
       os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                                  + f" --xla_force_host_platform_device_count={count}")
       os.environ["JAX_PLATFORMS"] = "cpu"
@@ -145,6 +147,9 @@ def main(argv: Sequence[str]) -> None:
     bertjax_main.fail(f"unexpected arguments {list(argv[1:])}; flags are written --name=value.")
   config = _CONFIG.value
   devices = _FLAGS.devices
+  if _FLAGS["devices"].present and devices < 1:
+    bertjax_main.fail(f"--devices={devices}: simulate 1 or more CPU devices (e.g. --devices=8), "
+                      "or leave the flag out to audit on this machine's own devices.")
   if devices and jax.device_count() != devices:
     bertjax_main.fail(f"--devices={devices} simulates CPU devices when jax starts, but jax "
                       f"already has {jax.device_count()}; run the audit as its own process.")
