@@ -39,16 +39,22 @@ def test_layer_beyond_config_is_named(state_and_config):
 def test_missing_tensor_is_named(state_and_config):
   state, config = state_and_config
   fewer = {k: v for k, v in state.items() if k != "bert.encoder.layer.1.attention.self.key.bias"}
-  with pytest.raises(UserError, match=r"bert/encoder/layer_1/attention/key/bias \(32,\) is not "
-                     "in the checkpoint"):
+  with pytest.raises(UserError, match=r"bert\.encoder\.layer\.1\.attention\.self\.key\.bias is "
+                     r"not in the checkpoint \(bertjax's bert/encoder/layer_1/attention/key/bias "
+                     r"\(32,\)\)"):
     hf.from_hf(fewer, config)
+  # A checkpoint whose names carry no prefix (BertModel's) is answered in its own names.
+  bare = {k[len("bert."):]: v for k, v in fewer.items() if k.startswith("bert.")}
+  with pytest.raises(UserError, match=r"\): encoder\.layer\.1\.attention\.self\.key\.bias is not"):
+    hf.from_hf(bare, config)
 
 
 def test_partial_head_is_named(state_and_config):
   state, config = state_and_config
   fewer = {k: v for k, v in state.items() if k != "cls.seq_relationship.bias"}
-  with pytest.raises(UserError, match=r"next_sentence/classifier/bias \(2,\) is not in the "
-                     "checkpoint, though other parameters of next_sentence/ are"):
+  with pytest.raises(UserError, match=r"cls\.seq_relationship\.bias is not in the checkpoint "
+                     r"\(bertjax's next_sentence/classifier/bias \(2,\)\), though other "
+                     "parameters of next_sentence/ are"):
     hf.from_hf(fewer, config)
 
 

@@ -152,8 +152,11 @@ def test_only_glue_packs_by_default():
 @pytest.mark.parametrize("change, message", [
     (dict(packing=-1), "data.packing=-1; give the examples a row"),
     (dict(packing="four"), "data.packing=four; give the examples a row"),
-    (dict(packing=3), "train.batch_size=16 with data.packing=3 makes 5.33333 rows"),
-    (dict(packing=4, eval_batch_size=6), "train.eval_batch_size=6 with data.packing=4"),
+    (dict(packing=3), r"with data.packing=3, train.batch_size=16 makes 5.33333 rows and "
+                      r"train.eval_batch_size=32 makes 10.6667 rows; .* make train.batch_size "
+                      r"and train.eval_batch_size multiples of 3\."),  # both at once
+    (dict(packing=4, eval_batch_size=6), r"with data.packing=4, train.eval_batch_size=6 makes "
+                                         r"1.5 rows; .* make train.eval_batch_size multiples"),
 ])
 def test_bad_packing_is_refused(change, message, model_dir, animal_data, tmp_path):
   config = _config(model_dir, animal_data)

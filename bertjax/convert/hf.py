@@ -195,13 +195,16 @@ def from_hf(state_dict: dict[str, np.ndarray], config: BertConfig, task: str | N
 
   missing = []
   unfilled = sorted(set(expected) - set(flat))
+  prefixed = any(name.startswith(table.encoder_prefix) for name in normals)
   for path in unfilled:
     group = hf_rules.group_of(path, task, table)
     if group == hf_rules.REQUIRED_GROUP:
-      problems.append(f"{path} {expected[path]} is not in the checkpoint")
+      problems.append(f"{_hf_name(path, task, table, prefixed)} is not in the checkpoint "
+                      f"(bertjax's {path} {expected[path]})")
     elif any(p.startswith(group) for p in flat):
-      problems.append(f"{path} {expected[path]} is not in the checkpoint, though other "
-                      f"parameters of {group} are")
+      problems.append(f"{_hf_name(path, task, table, prefixed)} is not in the checkpoint "
+                      f"(bertjax's {path} {expected[path]}), though other parameters of "
+                      f"{group} are")
     else:
       missing.append(path)
 
@@ -275,6 +278,19 @@ def refuse_bilstm(groups) -> None:
         "--config.model.bilstm_on_top=true, or feature-based NER), which no Hugging Face BERT "
         "class has; without it the head would compute another function, so it cannot be "
         "converted. Convert the pretrained model it started from (its init_checkpoint) instead.")
+
+
+def _hf_name(path: str, task: str | None, table: hf_rules.Table, prefixed: bool) -> str:
+  """The Hugging Face name of the tensor bertjax's `path` comes from (with the encoder prefix
+  when the checkpoint's names carry it), as a message names it to the user."""
+  for pattern, hf, _, _, _ in hf_rules.bj_patterns(task, table):
+    match = pattern.match(path)
+    if match:
+      name = hf_rules.fill(hf, match)
+      if prefixed and name.startswith(table.encoder_names):
+        name = table.encoder_prefix + name
+      return name
+  return path
 
 
 def to_hf(params: dict[str, Any], config: BertConfig) -> dict[str, np.ndarray]:

@@ -113,12 +113,14 @@ def packing(value: str, rows: Packable, input_mask: np.ndarray | None = None) ->
                     "per row, or per token); set --config.data.packing=0. data.length_buckets "
                     "cuts its padding instead.")
   shards = rows.row_multiple
-  for name, size in rows.batch_sizes.items():
-    if not rows.whole_rows(size, k):
-      raise UserError(
-          f"train.{name}={size} with data.packing={k} makes {size / k:g} rows, which must be "
-          f"whole and split over {shards} batch shards (devices, hosts and grad_accum_steps); "
-          f"make train.{name} a multiple of {k * shards}.")
+  bad = {name: size for name, size in rows.batch_sizes.items() if not rows.whole_rows(size, k)}
+  if bad:  # every batch size at once, so one fix answers them all
+    made = " and ".join(f"train.{name}={size} makes {size / k:g} rows"
+                        for name, size in bad.items())
+    raise UserError(
+        f"with data.packing={k}, {made}; rows must be whole and split over {shards} batch "
+        f"shards (devices, hosts and grad_accum_steps): make "
+        f"{' and '.join(f'train.{name}' for name in bad)} multiples of {k * shards}.")
   return k
 
 
