@@ -130,6 +130,12 @@ def test_exported_tokenizer_gives_bertjax_ids_and_the_model_its_logits(kind, tmp
   real = mask.astype(bool)
   np.testing.assert_allclose(ours[real], logits[real], rtol=0, atol=2e-5)
 
+  # And back: --from=hf of the export is a model directory with the same tokenizer.
+  cli.from_hf_dir(hf_dir, str(tmp_path / "back"))
+  back = model_files.load_tokenizer(str(tmp_path / "back"))
+  assert type(back) is type(tok)
+  assert [back.encode(text) for text in HELD_OUT] == [tok.encode(text) for text in HELD_OUT]
+
 
 def _wordpiece_json(pieces):
   tok = HFTokenizer(models.WordPiece({p: i for i, p in enumerate(pieces)}, unk_token="[UNK]"))
