@@ -52,7 +52,7 @@ def files_for(tokenizer: tokenization.Tokenizer, architecture: str,
     hf = _with_bert_specials(_from_sentencepiece(tokenizer), tokenizer)
     files[tokenization.MODEL_FILE] = tokenizer.model_proto
   elif isinstance(tokenizer, tokenization.WordPieceTokenizer):
-    hf = _with_bert_specials(_from_wordpiece(tokenizer), tokenizer)
+    hf = _with_bert_specials(tokenizer.pipeline(), tokenizer)  # WordPiece's own pipeline
     files[tokenization.VOCAB_FILE] = "".join(
         tokenizer.id_to_token(i) + "\n" for i in range(tokenizer.vocab_size)).encode("utf-8")
   elif isinstance(tokenizer, tokenization.ByteLevelBPETokenizer):
@@ -121,19 +121,6 @@ def _bpe_merges(proto) -> list[tuple[str, str]]:
               if p.piece[:k] in ids and p.piece[k:] in ids]
     merges += [(-p.score, i, ids[a], ids[b], a, b) for a, b in splits]
   return [(a, b) for *_, a, b in sorted(merges)]
-
-
-def _from_wordpiece(tokenizer: tokenization.WordPieceTokenizer) -> HFTokenizer:
-  """Google's WordPiece tokenizer, with bertjax's casing and longest word, in `tokenizers`."""
-  vocab = {tokenizer.id_to_token(i): i for i in range(tokenizer.vocab_size)}
-  hf = HFTokenizer(models.WordPiece(vocab, unk_token=UNK, continuing_subword_prefix="##",
-                                    max_input_chars_per_word=tokenizer.max_input_chars_per_word))
-  hf.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True,
-                                             strip_accents=tokenizer.lowercase,
-                                             lowercase=tokenizer.lowercase)
-  hf.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-  hf.decoder = decoders.WordPiece(prefix="##", cleanup=True)
-  return hf
 
 
 def _with_bert_specials(hf: HFTokenizer, tokenizer: tokenization.Tokenizer) -> HFTokenizer:

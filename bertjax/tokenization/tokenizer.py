@@ -146,6 +146,11 @@ class TokenizersTokenizer(Tokenizer):
     """What `decode` leaves out: [PAD] [CLS] [SEP] [MASK]."""
     return frozenset({self.pad_id, self.cls_id, self.sep_id, self.mask_id})
 
+  def pipeline(self) -> Any:
+    """A copy of the `tokenizers.Tokenizer` that encodes (normalizer, pre-tokenizer, model,
+    decoder), for a caller to extend without changing this tokenizer."""
+    return type(self._tok).from_str(self._tok.to_str())
+
   def encode(self, text: str) -> list[int]:
     return self._tok.encode(text, add_special_tokens=False).ids
 
