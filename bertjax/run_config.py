@@ -65,6 +65,7 @@ class Train:
   # code and NVIDIA's scheduler (the rate steps down as warmup ends)
   decay_steps: int = 0  # wsd: steps of the final decay (0 = none: the peak to the end)
   decay_shape: str = "1-sqrt"  # wsd: 1-sqrt (ModernBERT's: 1 - sqrt(progress)) or linear
+  decay_floor: float = 0.0  # wsd: the decay ends at this fraction of the rate (ModernBERT: 0.001)
   optimizer: str = "adamw"  # adamw (the paper), lamb (large batches) or stable_adamw
   # (ModernBERT's: AdamW with each tensor's update clipped, Wortsman et al. 2023)
   weight_decay: float = 0.01  # AdamW decay, off LayerNorm and biases
@@ -185,12 +186,24 @@ class PretrainingData:
   # to max_sequences_per_row examples. Evaluation is not packed.
   max_sequences_per_row: int = 3  # examples in a packed row at most (as the data's plans)
   eval_fraction: float = 0.05  # share of documents held out for evaluation
+  eval_masked_lm_prob: float = 0.0  # held-out MLM also scored at this masking (metrics
+  # mlm_*_at_15pct for 0.15; ModernBERT's yamls evaluate at 15% while training at 30%); 0 = only
+  # at masked_lm_prob
 
 
 @dataclasses.dataclass(frozen=True)
 class PretrainingTrain(Train):
-  """Train, with the step the long sequence-length phase starts at."""
+  """Train, with a restart at a lower rate (ModernBERT-large's) and the long sequence-length
+  phase: the step it starts at, and its own rows, rate and weight decay (ModernBERT's context
+  extension)."""
   long_seq_from_step: int = 0  # first step at data.long_seq_length (if set)
+  long_batch_size: int = 0  # rows of a long-phase batch (0 = batch_size)
+  long_learning_rate: float = 0.0  # wsd: the long phase's plateau (0 = the rate runs on)
+  long_weight_decay: float = -1.0  # its weight decay (-1 = the one before it); with
+  # long_learning_rate
+  restart_from_step: int = 0  # wsd: from here the rate holds restart_learning_rate (0 = never)
+  restart_learning_rate: float = 0.0  # the restart's plateau
+  restart_weight_decay: float = -1.0  # its weight decay (-1 = weight_decay)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,6 +7,7 @@ import os
 import shlex
 import subprocess
 import sys
+from unittest import mock
 
 import jax
 import numpy as np
@@ -17,6 +18,8 @@ from bertjax.configs import modernbert as modernbert_configs
 from bertjax.errors import UserError
 from bertjax.models import heads
 from bertjax.tasks import pretraining, pretraining_config
+from bertjax.training import steps
+from bertjax.training import task as task_lib
 from bertjax.training import train
 
 from test_pretraining import _metrics
@@ -35,20 +38,33 @@ def _config(corpus, **data):
 def test_context_extension_runs_the_long_phase_with_its_own_global_base(corpus, tmp_path):
   config = _config(corpus, long_seq_length=64, long_max_predictions_per_seq=20)
   config.model.update(rope_theta_global=10_000.0, long_rope_theta_global=160_000.0)
-  config.train.long_seq_from_step = 2
+  config.train.update(long_seq_from_step=2, long_batch_size=2)
   config = tasks.typed(config)
   task = pretraining.make_task(config, str(tmp_path), train.run_context(config))
   assert task.model.config.rope_theta_global == 10_000.0
   served = [b for _, (b, _) in zip(range(3), task.batches.train(None))]
-  assert [b["input_ids"].shape[1] for b in served] == [32, 32, 64]
+  assert [b["input_ids"].shape for b in served] == [(4, 32), (4, 32), (2, 64)]  # its own rows
   assert task.model_for(served[0]) is task.model
   long_model = task.model_for(served[2])
   assert long_model.config.rope_theta_global == 160_000.0
   assert long_model.config == task.model.config.__class__(
       **{**vars(task.model.config), "rope_theta_global": 160_000.0})
-  # evaluations before the switch read the first phase's length, after it the long one
-  assert next(iter(task.batches.eval_at(2)()))["input_ids"].shape[1] == 32
-  assert next(iter(task.batches.eval_at(3)()))["input_ids"].shape[1] == 64
+  # evaluations before the switch read the first phase's length, after it the long one; each
+  # batch holds its 8 held-out rows twice: masked at 30% (training's), then at 15%
+  for step, length in ((2, 32), (3, 64)):
+    held_out = next(iter(task.batches.eval_at(step)()))
+    assert held_out["input_ids"].shape == (16, length)
+    np.testing.assert_array_equal(held_out["eval_masking"], [0] * 8 + [1] * 8)
+    masked = held_out["masked_lm_weights"].sum(axis=1)
+    assert masked[:8].sum() > 1.5 * masked[8:].sum() > 0
+  # the terms score each half apart: right at 30%, wrong at 15% (one-hot logits)
+  ids = held_out["masked_lm_ids"]
+  hot = (ids + held_out["eval_masking"][:, None]) % 8  # the label, or the next id at 15%
+  logits = np.where(np.arange(8) == hot[..., None], 10.0, 0.0).astype(np.float32)
+  held_out = {**held_out, "masked_lm_ids": ids % 8}
+  means = task_lib.means(task_lib.averages(task.terms((logits, None), held_out)))
+  assert means["mlm_accuracy"] == 1.0 and means["mlm_accuracy_at_15pct"] == 0.0
+  assert means["mlm_loss"] < means["mlm_loss_at_15pct"] and "mlm_loss_at_15pct" in means
   assert json.loads(task.files["bert_config.json"])["rope_theta_global"] == 160_000.0
 
   # the long model is the same parameters with another rotation: other logits (a guard)
@@ -85,6 +101,44 @@ def test_paper_recipes_build():
     assert config.data.masked_lm_prob == 0.3 and config.train.lr_schedule == "wsd"
   with pytest.raises(UserError, match="takes no argument, base or large"):
     modernbert_configs.get_config("huge")
+
+
+# The ModernBERT repository's yamls/modernbert/*.yaml (commit 00220af) and the paper's large
+# restart, per size: (rows at 1,024, warmup tokens, lr, wd, (restart tokens, lr, wd) or None,
+# long-phase rows at 8,192, its lr, its wd).
+YAMLS = {"base": (4608, 3e9, 8e-4, 1e-5, None, 576, 3e-4, 1e-5),
+         "large": (4928, 2e9, 5e-4, 1e-5, (900e9, 5e-5, 1e-6), 616, 5e-5, 1e-6)}
+
+
+@pytest.mark.parametrize("size", ["base", "large"])
+def test_paper_recipes_are_the_authors_yamls(size):
+  """configs/modernbert.py:base and :large give, step by step, the yamls' schedule in tokens:
+  warmup, 1.719T tokens at 1,024, 250B at 8,192 at the extension's constant rate, then 50B
+  decaying 1-sqrt to 0.001 of it (alpha_f); large's restart after 900B tokens; each plateau's
+  weight decay a step at its rate (decoupled); held-out MLM also scored at 15%."""
+  rows, warmup, lr, wd, restart, long_rows, long_lr, long_wd = YAMLS[size]
+  config = tasks.typed(modernbert_configs.get_config(size))
+  tr, data = config.train, config.data
+  short, long = rows * 1024, long_rows * 8192  # tokens a step
+  assert (tr.batch_size, tr.long_batch_size, data.max_seq_length, data.long_seq_length) == (
+      rows, long_rows, 1024, 8192)
+  assert abs(tr.warmup_steps * short - warmup) <= short / 2
+  assert abs(tr.long_seq_from_step * short - 1.719e12) <= short / 2
+  assert abs((tr.num_train_steps - tr.decay_steps - tr.long_seq_from_step) * long - 250e9) <= long
+  assert abs(tr.decay_steps * long - 50e9) <= long / 2
+  assert (data.masked_lm_prob, data.eval_masked_lm_prob, tr.decouple_lr) == (0.3, 0.15, True)
+  _, schedule = steps.make_optimizer(tr)
+  rate = lambda step: float(schedule(step))  # noqa: E731
+  assert rate(tr.warmup_steps) == pytest.approx(lr)
+  if restart:
+    restart_step = round(restart[0] / short)
+    assert rate(restart_step - 1) == pytest.approx(lr)
+    assert (rate(restart_step), tr.restart_weight_decay) == (pytest.approx(restart[1]), restart[2])
+  assert rate(tr.long_seq_from_step) == pytest.approx(long_lr)
+  assert rate(tr.num_train_steps - tr.decay_steps) == pytest.approx(long_lr)
+  assert rate(tr.num_train_steps) == pytest.approx(0.001 * long_lr)
+  assert (tr.weight_decay, tr.long_weight_decay) == (wd, long_wd)
+  assert steps.rate_changes(tr)[-1] == (tr.long_seq_from_step, long_lr, long_wd, mock.ANY)
 
 
 def test_readme_modernbert_commands_run_as_written(text_dir):

@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 
-from bertjax.training import optim
+from bertjax.training import optim, schedules
 from bertjax.errors import UserError
 
 
@@ -184,7 +184,7 @@ def test_lamb_state_is_that_of_optax_lamb():
   tree, empty nodes included, and the tree is the same."""
   ours, _ = optim.make_optimizer(num_train_steps=10, warmup_steps=0, clip_norm=None,
                                  optimizer="lamb")
-  earlier = optax.lamb(optim.learning_rate_schedule(1e-3, 0, 10), eps=1e-6, weight_decay=0.01,
+  earlier = optax.lamb(schedules.learning_rate_schedule(1e-3, 0, 10), eps=1e-6, weight_decay=0.01,
                        mask=optim.weight_decay_mask)
   assert (jax.tree.structure(ours.init(_tiny_params()))
           == jax.tree.structure(earlier.init(_tiny_params())))

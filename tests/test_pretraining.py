@@ -1,6 +1,7 @@
 """End-to-end tests of pretraining through the command line: a run on the tiny config, resume
 after a fresh process, SIGTERM, and every kind of bad input (CPU, a small slice of the bundled
 corpus, a 32-token sequence)."""
+import copy
 import json
 import os
 import re
@@ -109,17 +110,24 @@ def test_cli_end_to_end(corpus, tmp_path):
 
 
 def test_kill_9_and_rerun_continue_bitwise_in_the_long_phase(corpus, tmp_path):
-  """A run killed with SIGKILL in its second phase (48 tokens from step 5) and rerun ends with
-  the parameters and losses of a run never stopped (dropout on): the data position in each
-  checkpoint is exact. (A clean stop and rerun: tests/test_multihost.py.)"""
+  """A run killed with SIGKILL in its second phase (48 tokens from step 5, in 4 rows a batch at
+  a rate and weight decay of its own) and rerun ends with the parameters and losses of a run
+  never stopped (dropout on): the data position in each checkpoint is exact, and so is the
+  optimizer's count of its weight-decay schedule. (A clean stop and rerun:
+  tests/test_multihost.py.)"""
   flags = ["--config.train.num_train_steps=100000", "--config.train.eval_every_steps=100000",
            "--config.data.long_seq_length=48", "--config.data.long_max_predictions_per_seq=7",
-           "--config.train.long_seq_from_step=5"]
+           "--config.train.long_seq_from_step=5", "--config.train.lr_schedule=wsd",
+           "--config.train.long_batch_size=4", "--config.train.long_learning_rate=1e-3",
+           "--config.train.long_weight_decay=0.001"]
   straight, killed = tmp_path / "straight", tmp_path / "killed"
   out = _run(straight, _flags(corpus, *flags, "--config.train.stop_after_steps=16"))
   assert out.returncode == 0, out.stderr[-3000:]
   assert ("after 5 steps (train.long_seq_from_step): sequences of 48 tokens "
-          "(data.long_seq_length) from here") in out.stdout
+          "(data.long_seq_length) from here, 4 rows a batch") in out.stdout
+  rates = {r["step"]: r["learning_rate"] for r in _metrics(straight) if r["split"] == "train"}
+  assert (rates[5], rates[6], rates[16]) == (pytest.approx(2e-3), pytest.approx(1e-3),
+                                             pytest.approx(1e-3))
   process = subprocess.Popen(_command(killed, _flags(corpus, *flags)), env=_env(), cwd=ROOT,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   deadline = time.time() + 240
@@ -363,6 +371,29 @@ def test_check_config_names_the_field():
       pretraining_config.check_config(tasks.typed(config))
   config.train.long_seq_from_step = 99
   pretraining_config.check_config(tasks.typed(config))
+  # The long phase's own rows, rate and decay need a long phase; each decay its rate.
+  for data, train_fields, message in [
+      (dict(long_seq_length=0), dict(long_batch_size=8),
+       "train.long_batch_size=8 set the long phase, but data.long_seq_length=0"),
+      (dict(), dict(long_batch_size=-8), "train.long_batch_size=-8; use 1 or more rows"),
+      (dict(), dict(long_weight_decay=0.0), "train.long_weight_decay=0.0 goes with the long "
+       "phase's own rate; set train.long_learning_rate too"),
+      (dict(), dict(restart_weight_decay=0.0), "train.restart_weight_decay=0.0 goes with a "
+       "restart"),
+      (dict(eval_masked_lm_prob=0.15), dict(), r"data.eval_masked_lm_prob=0.15: a second "
+       r"masking rate for the held-out MLM must lie in \(0, 1\) and differ from "
+       "data.masked_lm_prob=0.15"),
+      (dict(eval_masked_lm_prob=1.5), dict(), "data.eval_masked_lm_prob=1.5")]:
+    bad = tiny.get_config()
+    bad.data.update(dict(max_seq_length=128, long_seq_length=256), **data)
+    bad.train.update(dict(num_train_steps=100, long_seq_from_step=90), **train_fields)
+    with pytest.raises(UserError, match=message):
+      pretraining_config.check_config(tasks.typed(bad))
+  bad = tiny.get_config()
+  bad.update(dict(pretraining=dict(objective="ltr", nsp=False),
+                  data=dict(eval_masked_lm_prob=0.3)))
+  with pytest.raises(UserError, match="pretraining.objective=ltr masks nothing"):
+    pretraining_config.check_config(tasks.typed(bad))
 
 
 def test_sequence_length_phases_and_their_position(corpus, tmp_path):
@@ -383,6 +414,11 @@ def test_sequence_length_phases_and_their_position(corpus, tmp_path):
   assert shapes == [((4, 32), (4, 5))] * 3 + [((4, 64), (4, 10))] * 3
   assert [p["phase"] for _, (_, p) in served] == [0, 0, 0, 1, 1, 1]  # the phase of each batch
   assert [p["batches"] for _, (_, p) in served] == [1, 2, 3, 4, 5, 6]
+  bad = copy.deepcopy(config)
+  bad.train.update(long_batch_size=3, grad_accum_steps=2)
+  bad = tasks.typed(bad)
+  with pytest.raises(UserError, match="train.long_batch_size=3 must be a multiple of 2"):
+    pretraining.make_task(bad, str(tmp_path), train.run_context(bad))
   for i in (1, 2, 4):  # resume after batch i (i = 2: right before the switch)
     position = served[i][1][1]
     resumed = [b for _, (b, _) in zip(range(5 - i), task.batches.train(position))]

@@ -3,12 +3,13 @@ decay (from warmup's end or step 0, as NVIDIA's and the original TF code), and
 warmup-stable-decay (ModernBERT's), value by value, as the config's train section sets them
 (the optimizers themselves: tests/test_optim.py)."""
 import numpy as np
+import optax
 import pytest
 
 from bertjax import run_config
 from bertjax.configs import tiny
 from bertjax.errors import UserError
-from bertjax.training import optim, steps
+from bertjax.training import schedules, steps
 
 
 @pytest.mark.parametrize("step, expected", [
@@ -20,22 +21,22 @@ from bertjax.training import optim, steps
     (150, 0.0),      # stays at 0 after the end
 ])
 def test_schedule_values(step, expected):
-  schedule = optim.learning_rate_schedule(1e-3, warmup_steps=10, total_steps=110)
+  schedule = schedules.learning_rate_schedule(1e-3, warmup_steps=10, total_steps=110)
   np.testing.assert_allclose(float(schedule(step)), expected, rtol=1e-6, atol=1e-12)
 
 
 def test_schedule_decays_with_a_power():
   """NVIDIA's LAMB recipe decays as (1 - progress) ** 0.5 after warmup; power 1 is the line."""
-  schedule = optim.learning_rate_schedule(1e-3, warmup_steps=10, total_steps=110, power=0.5)
+  schedule = schedules.learning_rate_schedule(1e-3, warmup_steps=10, total_steps=110, power=0.5)
   np.testing.assert_allclose([float(schedule(s)) for s in (5, 10, 35, 60, 85, 110, 150)],
                              [5e-4, 1e-3, 1e-3 * 0.75**0.5, 1e-3 * 0.5**0.5, 5e-4, 0.0, 0.0],
                              rtol=1e-6, atol=1e-12)
   with pytest.raises(UserError, match="--config.train.lr_decay_power"):
-    optim.learning_rate_schedule(1e-3, 10, 110, power=0.0)
+    schedules.learning_rate_schedule(1e-3, 10, 110, power=0.0)
 
 
 def test_schedule_without_warmup_starts_at_peak():
-  schedule = optim.learning_rate_schedule(2.0, warmup_steps=0, total_steps=4)
+  schedule = schedules.learning_rate_schedule(2.0, warmup_steps=0, total_steps=4)
   np.testing.assert_allclose([float(schedule(s)) for s in range(5)], [2.0, 1.5, 1.0, 0.5, 0.0])
 
 
@@ -43,7 +44,7 @@ def test_schedule_without_warmup_starts_at_peak():
                                                  (0.0, 1, 10)])
 def test_schedule_rejects_bad_settings(peak, warmup, total):
   with pytest.raises(UserError, match="--config.train"):
-    optim.learning_rate_schedule(peak, warmup, total)
+    schedules.learning_rate_schedule(peak, warmup, total)
 
 
 def _typed(train):
@@ -129,7 +130,7 @@ def test_wsd_schedule_is_warmup_plateau_decay_step_by_step(shape, warmup, total,
 def test_wsd_one_minus_sqrt_is_not_nvidias_power_half():
   """1-sqrt (Hägele et al. 2024) drops fast at first: a quarter of the way into the decay the rate
   is half the peak, where (1 - progress) ** 0.5 would still be at 87%."""
-  schedule = optim.wsd_schedule(1.0, warmup_steps=0, total_steps=8, decay_steps=8)
+  schedule = schedules.wsd_schedule(1.0, warmup_steps=0, total_steps=8, decay_steps=8)
   np.testing.assert_allclose([float(schedule(s)) for s in (0, 2, 8)], [1.0, 0.5, 0.0], atol=1e-7)
 
 
@@ -161,3 +162,91 @@ def test_a_config_without_the_wsd_fields_keeps_the_linear_schedule():
     del train[name]
   _, schedule = steps.make_optimizer(_typed(train))
   np.testing.assert_allclose([float(schedule(s)) for s in range(5)], [1.0, 0.75, 0.5, 0.25, 0.0])
+
+
+@pytest.mark.parametrize("shape", ["1-sqrt", "linear"])
+@pytest.mark.parametrize("warmup", [0, 10])
+def test_wsd_decay_to_a_floor_is_transformers_min_lr_ratio(shape, warmup):
+  """train.decay_floor (ModernBERT's alpha_f, 0.001 in its decay yamls) against transformers'
+  get_wsd_schedule with min_lr_ratio, step by step from the end of warmup (transformers also
+  starts its warmup at the floor; ModernBERT's and bertjax's start at 0)."""
+  import torch  # pylint: disable=import-outside-toplevel
+  import transformers  # pylint: disable=import-outside-toplevel
+  peak, total, decay, floor = 3e-4, 100, 30, 0.1
+  train = tiny.get_config().train
+  train.update(learning_rate=peak, warmup_steps=warmup, num_train_steps=total, lr_schedule="wsd",
+               decay_steps=decay, decay_shape=shape, decay_floor=floor)
+  _, schedule = steps.make_optimizer(_typed(train))
+  optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=peak)
+  theirs = transformers.get_wsd_schedule(optimizer, num_warmup_steps=warmup,
+                                         num_decay_steps=decay, num_training_steps=total,
+                                         decay_type=shape, min_lr_ratio=floor).lr_lambdas[0]
+  for step in range(warmup, total + 5):
+    np.testing.assert_allclose(float(schedule(step)), peak * theirs(step), rtol=1e-5,
+                               err_msg=step)
+  assert float(schedule(total)) == pytest.approx(floor * peak)
+
+
+def _plateaus(**fields):
+  """(schedule, tx) of a wsd run with a restart at step 20 and a long phase from step 40, from
+  the pretraining train section: warmup 10, 80 steps, decay 20, floor 0.001, StableAdamW with
+  ModernBERT's decoupled weight decay."""
+  train = tiny.get_config().train
+  train.update({**dict(
+      learning_rate=8e-4, warmup_steps=10, num_train_steps=80, lr_schedule="wsd",
+      decay_steps=20, decay_floor=0.001, optimizer="stable_adamw", decouple_lr=True,
+      weight_decay=1e-2, clip_norm=0.0, restart_from_step=20, restart_learning_rate=4e-4,
+      long_seq_from_step=40, long_learning_rate=2e-4), **fields})
+  tx, schedule = steps.make_optimizer(_typed(train))
+  return schedule, tx
+
+
+def test_restart_and_long_phase_hold_their_own_rate_and_weight_decay():
+  """The rate step by step (warmup, the peak, the restart's, the long phase's, then 1-sqrt to
+  0.001 of the last) and, with zero gradients, the decay each step applies: weight_decay a step
+  at each plateau (decouple_lr), each plateau's own (a long_weight_decay of -1 keeps the
+  restart's)."""
+  schedule, tx = _plateaus(restart_weight_decay=1e-3)
+
+  def by_hand(step):
+    if step < 10:
+      return 8e-4 * step / 10
+    if step >= 60:
+      progress = min((step - 60) / 20, 1.0)
+      return 2e-4 * (0.001 + 0.999 * (1 - np.sqrt(progress)))
+    return 8e-4 if step < 20 else 4e-4 if step < 40 else 2e-4
+
+  for step in range(85):
+    np.testing.assert_allclose(float(schedule(step)), by_hand(step), rtol=1e-5, err_msg=step)
+  # The decay per step: weight_decay * rate / plateau, where the plateau's weight decay is 1e-2
+  # before step 20 and 1e-3 after (the long phase keeps the restart's).
+  params = {"dense": {"kernel": np.ones((2, 2), np.float32)}}
+  state = tx.init(params)
+  zeros = {"dense": {"kernel": np.zeros((2, 2), np.float32)}}
+  expected = 1.0
+  for step in range(70):
+    updates, state = tx.update(zeros, state, params)
+    params = optax.apply_updates(params, updates)
+    rate, plateau, decay = by_hand(step), *(
+        (8e-4, 1e-2) if step < 20 else (4e-4, 1e-3) if step < 40 else (2e-4, 1e-3))
+    expected *= 1 - decay * rate / plateau
+    np.testing.assert_allclose(params["dense"]["kernel"][0, 0], expected, rtol=1e-5,
+                               err_msg=step)
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(restart_from_step=5), r"restart_from_step.*from step 5 must start between step 10"),
+    (dict(long_seq_from_step=70),
+     r"long_seq_from_step.*from step 70 must start between step 20 .* and step 60"),
+    (dict(restart_learning_rate=0.0), r"restart_learning_rate.*learning rate 0.0"),
+    (dict(long_weight_decay=-2.0), r"long_weight_decay.*weight decay -2.0"),
+    (dict(decay_floor=1.0), r"train.decay_floor=1.0 must lie in \[0, 1\)"),
+    (dict(lr_schedule="linear", decay_steps=0, decay_floor=0.0),
+     r"train.restart_from_step.*set a new plateau, which only the wsd schedule has"),
+])
+def test_bad_plateaus_are_refused(fields, message):
+  """A plateau before warmup ends or after the decay starts (or before the one it follows), at
+  a rate of 0 or a negative decay; a floor of 1; plateaus under BERT's linear schedule: one
+  UserError each, naming the fields."""
+  with pytest.raises(UserError, match=message):
+    _plateaus(**fields)

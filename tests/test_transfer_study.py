@@ -26,13 +26,58 @@ def pretrained(corpus, tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("pretrained") / "run")
   out = _python("-m", "bertjax.main", "--config=configs/tiny.py", f"--workdir={workdir}",
                 f"--config.data.input_files={text_file}", f"--config.data.vocab_model={vocab}",
-                "--config.data.max_seq_length=32", "--config.data.max_predictions_per_seq=5",
+                "--config.data.max_seq_length=32", "--config.data.max_predictions_per_seq=10",
                 "--config.data.dupe_factor=1", "--config.data.eval_fraction=0.1",
                 "--config.train.batch_size=8", "--config.train.eval_batch_size=16",
                 "--config.train.num_train_steps=10", "--config.train.warmup_steps=2",
-                "--config.train.log_every_steps=5")
+                "--config.train.log_every_steps=5", "--config.data.eval_masked_lm_prob=0.3")
   assert out.returncode == 0, out.stderr[-3000:]
   return workdir
+
+
+def test_the_runs_held_out_scores_at_both_rates_are_transformers_on_its_weights(pretrained,
+                                                                              tmp_path):
+  """The run's last evaluation (its eval_results.json: the masked LM at training's 15% and, from
+  data.eval_masked_lm_prob, at 30%; NSP) is what transformers' BertForPreTraining scores with
+  the same weights (exported by convert --to=hf) on the same held-out batches, each rate's rows
+  apart (`torch_pretraining.evaluate`)."""
+  import transformers  # pylint: disable=import-outside-toplevel
+  from bertjax.tasks import pretraining  # pylint: disable=import-outside-toplevel
+  from bertjax.tools import torch_pretraining  # pylint: disable=import-outside-toplevel
+  from bertjax.training import train  # pylint: disable=import-outside-toplevel
+  out = _python("-m", "bertjax.convert", "--to=hf", f"--src={pretrained}", f"--dst={tmp_path}/hf")
+  assert out.returncode == 0, out.stderr[-3000:]
+  with open(os.path.join(pretrained, "config.json"), encoding="utf-8") as f:
+    config = torch_pretraining.read_config(json.load(f))
+  task = pretraining.make_task(config, pretrained, train.run_context(config))
+  model = transformers.BertForPreTraining.from_pretrained(tmp_path / "hf")
+  theirs = torch_pretraining.evaluate(model, task.batches.eval(), nsp=True,
+                                      second_masking=pretraining.second_masking(config.data))
+  with open(os.path.join(pretrained, "eval_results.json"), encoding="utf-8") as f:
+    ours = json.load(f)
+  assert set(theirs) == {"mlm_accuracy", "mlm_loss", "mlm_accuracy_at_30pct",
+                         "mlm_loss_at_30pct", "nsp_accuracy"}
+  for name, value in theirs.items():
+    assert ours[name] == pytest.approx(value, rel=1e-4, abs=2e-3 if "accuracy" in name else 0)
+  held_out = next(iter(task.batches.eval()))  # the rows at 15%, then the same rows at 30%
+  masked = held_out["masked_lm_weights"].reshape(2, -1).sum(axis=1)
+  assert masked[1] > 1.5 * masked[0]
+
+
+@pytest.mark.parametrize("train, named", [
+    (dict(lr_schedule="wsd", restart_from_step=5, restart_learning_rate=1e-4),
+     "train.restart_from_step"),
+    (dict(lr_schedule="wsd", decay_floor=0.001), "train.decay_floor=0.001")])
+def test_the_reference_refuses_a_second_plateau_and_a_floor(train, named):
+  """transformers' get_wsd_schedule has one plateau, and starts its warmup at the floor."""
+  from bertjax import tasks  # pylint: disable=import-outside-toplevel
+  from bertjax.configs import tiny  # pylint: disable=import-outside-toplevel
+  from bertjax.errors import UserError  # pylint: disable=import-outside-toplevel
+  from bertjax.tools import torch_pretraining  # pylint: disable=import-outside-toplevel
+  config = tiny.get_config()
+  config.train.update(train)
+  with pytest.raises(UserError, match=named):
+    torch_pretraining.check_recipe(tasks.typed(config))
 
 
 def test_study_pretrains_the_twin_and_fine_tunes_all_three(pretrained, tmp_path):
@@ -41,6 +86,7 @@ def test_study_pretrains_the_twin_and_fine_tunes_all_three(pretrained, tmp_path)
                               "--seeds=0", "--epochs=1", "--learning_rate=1e-3"]) == 0
   reference = json.loads((out / "reference" / "eval_results.json").read_text())
   assert 0 < reference["mlm_accuracy"] < 1 and 0 < reference["nsp_accuracy"] < 1
+  assert 0 < reference["mlm_accuracy_at_30pct"] < 1
   assert reference["step"] == 10
   # The twin is a transformers directory with the run's vocabulary, and converts to bertjax.
   assert {"config.json", "model.safetensors", "vocab.model"} <= set(os.listdir(out / "reference"))

@@ -36,7 +36,7 @@ The config's checks, the objective's predicates and the model's BertConfig are
 """
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import jax.numpy as jnp
 import numpy as np
@@ -55,7 +55,8 @@ from bertjax.training import train
 # Loss and metrics.
 
 
-def make_terms(baseline_token: int, nsp: bool = True, left_to_right: bool = False):
+def make_terms(baseline_token: int, nsp: bool = True, left_to_right: bool = False,
+               second_masking: str = ""):
   """(outputs, batch) -> the terms of pretraining (`task.Terms`): the paper's objective is the
   sum of the MLM mean (cross-entropy over the real masked positions, masked_lm_weights) and the
   NSP mean (over the examples), with their accuracies and the MLM accuracy of always guessing
@@ -66,7 +67,12 @@ def make_terms(baseline_token: int, nsp: bool = True, left_to_right: bool = Fals
   Without `nsp` (No NSP, and the left-to-right LM) there are no NSP terms. `left_to_right` names
   the LM terms next_token_* (the batch's masked_lm_* are then every position's next token,
   `loader.NextTokens`): next_token_loss is the mean cross-entropy of each real token given
-  those before it."""
+  those before it.
+
+  Held-out batches masked at a second rate (data.eval_masked_lm_prob) carry "eval_masking"
+  ([batch], 1 for them; `_at_two_rates`): the MLM terms of those rows are scored apart, named
+  mlm_loss`second_masking` and mlm_accuracy`second_masking` (e.g. "_at_15pct"), and their
+  NSP terms left out (the same pairs are scored at the first rate)."""
   lm = "next_token" if left_to_right else "mlm"
 
   def terms(outputs, batch):
@@ -74,22 +80,31 @@ def make_terms(baseline_token: int, nsp: bool = True, left_to_right: bool = Fals
     mlm_logits, nsp_logits = outputs
     ids = batch["masked_lm_ids"]
     mlm_weight = batch["masked_lm_weights"]  # [batch, predictions]
+    example_weight = batch["example_weight"]  # [batch] ([batch, k] packed; 0: empty slot)
+    loss = optax.softmax_cross_entropy_with_integer_labels(mlm_logits, ids)
+    correct = jnp.argmax(mlm_logits, -1) == ids
+    second = {}
+    if "eval_masking" in batch:  # held-out rows at two rates: [batch], 1 at the second
+      at_second = batch["eval_masking"].astype(mlm_weight.dtype)
+      second = {f"{lm}_loss{second_masking}": (loss, mlm_weight * at_second[:, None]),
+                f"{lm}_accuracy{second_masking}": (correct, mlm_weight * at_second[:, None])}
+      mlm_weight = mlm_weight * (1 - at_second)[:, None]
+      example_weight = example_weight * (1 - at_second)
     lm_terms = {
-        f"{lm}_loss": (optax.softmax_cross_entropy_with_integer_labels(mlm_logits, ids),
-                       mlm_weight),
-        f"{lm}_accuracy": (jnp.argmax(mlm_logits, -1) == ids, mlm_weight),
+        f"{lm}_loss": (loss, mlm_weight),
+        f"{lm}_accuracy": (correct, mlm_weight),
         f"frequency_baseline_{lm}_accuracy": (ids == baseline_token, mlm_weight)}
     if not nsp:
-      return lm_terms
+      return {**lm_terms, **second}
     labels = batch["next_sentence_label"]
-    example_weight = batch["example_weight"]  # [batch] ([batch, k] packed; 0: empty slot)
     return {
         "mlm_loss": lm_terms["mlm_loss"],
         "nsp_loss": (optax.softmax_cross_entropy_with_integer_labels(nsp_logits, labels),
                      example_weight),
         "mlm_accuracy": lm_terms["mlm_accuracy"],
         "nsp_accuracy": (jnp.argmax(nsp_logits, -1) == labels, example_weight),
-        "frequency_baseline_mlm_accuracy": lm_terms["frequency_baseline_mlm_accuracy"]}
+        "frequency_baseline_mlm_accuracy": lm_terms["frequency_baseline_mlm_accuracy"],
+        **second}
 
   return terms
 
@@ -147,12 +162,36 @@ class _Phases:
     while True:
       if phase == 0 and self._switch_step and served == self._switch_step:
         phase, inner = 1, self.phases[1].iterate(0)
+        rows = self.phases[1].batch_size * self.phases[1].process_count
         print(f"after {served} steps (train.long_seq_from_step): sequences of "
-              f"{self.phases[1].length} tokens (data.long_seq_length) from here", flush=True)
+              f"{self.phases[1].length} tokens (data.long_seq_length) from here, {rows} rows a "
+              "batch", flush=True)
       batch, examples = next(inner)
       served += 1
       yield batch, {"phase": phase, "batches": served, "examples": examples,
                     "packed": self._packed}
+
+
+def second_masking(data: run_config.PretrainingData) -> str:
+  """The suffix of the held-out MLM metrics at data.eval_masked_lm_prob ("_at_15pct" for 0.15),
+  or "" when it is unset."""
+  return f"_at_{data.eval_masked_lm_prob * 100:g}pct" if data.eval_masked_lm_prob else ""
+
+
+def _at_two_rates(first: Callable[[], Iterator[dict]], second: Callable[[], Iterator[dict]]
+                  ) -> Callable[[], Iterator[dict]]:
+  """() -> the held-out batches of `first` and `second` (the same rows masked at two rates),
+  each pair as one batch of twice the rows, marked by "eval_masking" ([rows] int32: 0 for
+  `first`'s, 1 for `second`'s) for `make_terms`; train.eval_steps still counts the pairs."""
+
+  def batches():
+    for at_first, at_second in zip(first(), second(), strict=True):
+      rows = len(at_first["input_ids"])
+      masking = np.repeat(np.arange(2, dtype=np.int32), rows)
+      yield {**{k: np.concatenate([v, at_second[k]]) for k, v in at_first.items()},
+             "eval_masking": masking}
+
+  return batches
 
 
 def make_task(config: run_config.PretrainingRun, workdir: str,
@@ -170,12 +209,12 @@ def make_task(config: run_config.PretrainingRun, workdir: str,
   nsp = config.pretraining.uses_nsp
   left_to_right = config.pretraining.left_to_right
 
-  def batches(length: int, max_predictions: int, batch_size: int,
-              packing: bool = False) -> loader.PairBatches:
+  def batches(length: int, max_predictions: int, batch_size: int, packing: bool = False,
+              masked_lm_prob: float = data.masked_lm_prob) -> loader.PairBatches:
     if left_to_right:
       targets = loader.NextTokens(special, config.seed)
     else:
-      targets = loader.Masking(special, data.masked_lm_prob, max_predictions,
+      targets = loader.Masking(special, masked_lm_prob, max_predictions,
                                data.dynamic_masking, config.seed, word_tables)
     return loader.PairBatches(prepared, length, targets,
                               batch_size=batch_size // context.process_count,
@@ -186,11 +225,24 @@ def make_task(config: run_config.PretrainingRun, workdir: str,
   phases = [batches(data.max_seq_length, data.max_predictions_per_seq, tr.batch_size,
                     data.packing)]
   if data.long_seq_length:
-    phases.append(batches(data.long_seq_length, data.long_max_predictions_per_seq,
-                          tr.batch_size, data.packing))
+    long_rows = tr.long_batch_size or tr.batch_size
+    if long_rows % context.row_multiple:
+      raise UserError(f"train.long_batch_size={long_rows} must be a multiple of "
+                      f"{context.row_multiple} (the devices a batch splits over, times "
+                      "train.grad_accum_steps, and the hosts), as train.batch_size is.")
+    phases.append(batches(data.long_seq_length, data.long_max_predictions_per_seq, long_rows,
+                          data.packing))
   for phase in phases:  # opens every phase's shards (and plans): a damaged one is named now
     phase.num_examples()
     phase.num_rows()
+  def held_out(length: int, max_predictions: int):
+    """() -> the held-out batches at this length, at both masking rates when a second is set."""
+    first = batches(length, max_predictions, tr.eval_batch_size).eval_batches
+    if not data.eval_masked_lm_prob:
+      return first
+    return _at_two_rates(first, batches(length, max_predictions, tr.eval_batch_size,
+                                        masked_lm_prob=data.eval_masked_lm_prob).eval_batches)
+
   eval_batches = batches(data.max_seq_length, data.max_predictions_per_seq, tr.eval_batch_size)
   num_eval = eval_batches.num_examples("heldout")
   baseline_token = int(prepared.info["most_common_token"])
@@ -203,8 +255,7 @@ def make_task(config: run_config.PretrainingRun, workdir: str,
   if long_config is not None:
     long_models = {data.long_seq_length: heads.BertForPreTraining(long_config,
                                                                   next_sentence=nsp)}
-    long_eval = batches(data.long_seq_length, data.long_max_predictions_per_seq,
-                        tr.eval_batch_size).eval_batches
+    long_eval = held_out(data.long_seq_length, data.long_max_predictions_per_seq)
   rows = phases[0].num_rows()
   packed = (f" in {rows} packed rows ({phases[0].num_examples() / rows:.2f} a row)"
             if data.packing else "")
@@ -218,11 +269,12 @@ def make_task(config: run_config.PretrainingRun, workdir: str,
         f"{tok.id_to_token(baseline_token)!r}")
   return task_lib.Task(
       model=heads.BertForPreTraining(bert_config, next_sentence=nsp),
-      terms=make_terms(baseline_token, nsp, left_to_right),
+      terms=make_terms(baseline_token, nsp, left_to_right, second_masking(data)),
       batches=task_lib.Batches(
           train=_Phases(phases, tr.long_seq_from_step if data.long_seq_length else 0,
                         bool(data.packing)).iterate,
-          eval=eval_batches.eval_batches if num_eval else None,
+          eval=(held_out(data.max_seq_length, data.max_predictions_per_seq) if num_eval
+                else None),
           long_eval=long_eval if num_eval else None, long_eval_after_step=tr.long_seq_from_step),
       schedule=task_lib.Schedule.of(tr),
       score=score,  # main_metric: on the held-out documents

@@ -28,6 +28,15 @@ def check_config(config: run_config.PretrainingRun) -> None:
   if not 0 < data.masked_lm_prob < 1:
     raise UserError(f"data.masked_lm_prob={data.masked_lm_prob}; use a value in (0, 1), e.g. "
                     "0.15.")
+  if data.eval_masked_lm_prob and (not 0 < data.eval_masked_lm_prob < 1 or
+                                   data.eval_masked_lm_prob == data.masked_lm_prob):
+    raise UserError(f"data.eval_masked_lm_prob={data.eval_masked_lm_prob}: a second masking rate "
+                    f"for the held-out MLM must lie in (0, 1) and differ from data.masked_lm_prob="
+                    f"{data.masked_lm_prob} (ModernBERT: 0.15 beside 0.3), or be 0 (none).")
+  if data.eval_masked_lm_prob and config.pretraining.left_to_right:
+    raise UserError(f"data.eval_masked_lm_prob={data.eval_masked_lm_prob} masks the held-out "
+                    "text at a second rate, but pretraining.objective=ltr masks nothing; set it "
+                    "to 0.")
   if not 0 <= data.eval_fraction < 1:
     raise UserError(f"data.eval_fraction={data.eval_fraction}; use a value in [0, 1), e.g. 0.05.")
   for name in ("max_seq_length", "max_predictions_per_seq", "dupe_factor", "vocab_size",
@@ -53,6 +62,7 @@ def check_config(config: run_config.PretrainingRun) -> None:
                     f"train.long_seq_from_step within the run, from 1 to train.num_train_steps - 1 "
                     f"({tr.num_train_steps - 1}; the paper: 90% of the steps); it is "
                     f"{tr.long_seq_from_step}. Set it, or data.long_seq_length=0 for one phase.")
+  _check_long_phase_and_restart(data, tr)
   for name in ("num_train_steps", "batch_size", "eval_batch_size", "log_every_steps",
                "eval_every_steps", "checkpoint_every_steps", "keep_checkpoints"):
     if getattr(tr, name) < 1:
@@ -73,6 +83,29 @@ def check_config(config: run_config.PretrainingRun) -> None:
                     "allows) and are not packed; set data.packing=false.")
   _check_modernbert(config)
   model_config(config, data.vocab_size)  # the model fields, before any text is prepared
+
+
+def _check_long_phase_and_restart(data: run_config.PretrainingData,
+                                  tr: run_config.PretrainingTrain) -> None:
+  """The long phase's own rows, rate and weight decay need a long phase; a restart's decay
+  needs a restart (the schedule checks where the plateaus fall: `schedules.wsd_schedule`)."""
+  own = [f"train.{name}={getattr(tr, name)}" for name, unset in (
+      ("long_batch_size", 0), ("long_learning_rate", 0.0), ("long_weight_decay", -1.0))
+         if getattr(tr, name) != unset]
+  if own and not data.long_seq_length:
+    raise UserError(f"{' and '.join(own)} set the long phase, but data.long_seq_length=0 (one "
+                    "phase); set data.long_seq_length and train.long_seq_from_step, or unset "
+                    "them.")
+  if tr.long_batch_size < 0:
+    raise UserError(f"train.long_batch_size={tr.long_batch_size}; use 1 or more rows (0: "
+                    "train.batch_size).")
+  if tr.long_weight_decay != -1 and not tr.long_learning_rate:
+    raise UserError(f"train.long_weight_decay={tr.long_weight_decay} goes with the long "
+                    "phase's own rate; set train.long_learning_rate too (or unset it: -1).")
+  if tr.restart_weight_decay != -1 and not tr.restart_from_step:
+    raise UserError(f"train.restart_weight_decay={tr.restart_weight_decay} goes with a restart; "
+                    "set train.restart_from_step and restart_learning_rate too (or unset it: "
+                    "-1).")
 
 
 def _check_modernbert(config: run_config.PretrainingRun) -> None:

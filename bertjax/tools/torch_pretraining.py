@@ -23,7 +23,9 @@ batches, is printed and written to HF_DIR/eval_results.json.
 The same pieces (`hf_model`, `torch_batch`, `make_optimizer`, `train_step`) let
 tests/test_pretraining_parity.py follow bertjax's train step, step for step, from the same
 initial weights. Recipes the reference cannot run (LAMB, the TF code's decay from step 0, a
-decay power other than 1, gradient accumulation, packing, the left-to-right LM) are refused.
+decay power other than 1, gradient accumulation, packing, the left-to-right LM, a second phase
+or plateau, a decay to a floor: transformers' get_wsd_schedule would start its warmup at the
+floor) are refused.
 """
 from __future__ import annotations
 
@@ -126,11 +128,14 @@ def check_recipe(config: run_config.PretrainingRun) -> None:
              (tr.grad_accum_steps != 1, f"train.grad_accum_steps={tr.grad_accum_steps}"),
              (config.data.packing, "data.packing=true"),
              (config.pretraining.left_to_right, "pretraining.objective=ltr"),
-             (config.data.long_seq_length, "data.long_seq_length (a second phase)")]
+             (config.data.long_seq_length, "data.long_seq_length (a second phase)"),
+             (tr.restart_from_step, "train.restart_from_step (a second plateau)"),
+             (tr.decay_floor, f"train.decay_floor={tr.decay_floor}")]
   named = [what for bad, what in refused if bad]
   if named:
     raise UserError(f"the reference pretraining does not run {', '.join(named)}: it runs AdamW "
-                    "or StableAdamW, BERT's linear or the wsd schedule, one phase, unpacked.")
+                    "or StableAdamW, BERT's linear or the wsd schedule (one plateau, decaying to "
+                    "0), one phase, unpacked.")
 
 
 def make_optimizer(model: torch.nn.Module, train: run_config.PretrainingTrain):
@@ -201,30 +206,44 @@ def train_step(model, optimizer, scheduler, inputs: dict[str, torch.Tensor],
 
 
 @torch.no_grad()
-def evaluate(model, batches, nsp: bool) -> dict[str, float]:
+def evaluate(model, batches, nsp: bool, second_masking: str = "") -> dict[str, float]:
   """Held-out MLM (and NSP) accuracy and loss over `batches` (bertjax's eval batches; rows of
-  example_weight 0 are padding)."""
+  example_weight 0 are padding); rows masked at the second rate (eval_masking 1,
+  data.eval_masked_lm_prob) scored apart as mlm_accuracy`second_masking` and
+  mlm_loss`second_masking`, as bertjax scores them (`pretraining.make_terms`)."""
   model.eval()
-  sums = dict(mlm_correct=0.0, mlm_count=0.0, mlm_loss=0.0, nsp_correct=0.0, nsp_count=0.0)
+  sums = [dict(mlm_correct=0.0, mlm_count=0.0, mlm_loss=0.0, nsp_correct=0.0, nsp_count=0.0)
+          for _ in range(2)]
   for batch in batches:
-    real = torch.from_numpy(np.asarray(batch["example_weight"]) > 0)
-    inputs = torch_batch(batch, nsp)
-    inputs["labels"][~real] = -100
-    out = losses(model, inputs)
-    scored = inputs["labels"] != -100
-    sums["mlm_correct"] += float((out["mlm_logits"].argmax(-1) == inputs["labels"][scored]).sum())
-    sums["mlm_loss"] += float(out["mlm_loss"]) * float(scored.sum())
-    sums["mlm_count"] += float(scored.sum())
-    if nsp:
-      correct = out["nsp_logits"].argmax(-1) == inputs["next_sentence_label"]
-      sums["nsp_correct"] += float(correct[real].sum())
-      sums["nsp_count"] += float(real.sum())
+    rate = np.asarray(batch.get("eval_masking", np.zeros(len(batch["input_ids"]), np.int32)))
+    for group in np.unique(rate):
+      rows = {k: np.asarray(v)[rate == group] for k, v in batch.items()}
+      _add_scores(sums[group], model, rows, nsp)
   model.train()
-  metrics = dict(mlm_accuracy=sums["mlm_correct"] / sums["mlm_count"],
-                 mlm_loss=sums["mlm_loss"] / sums["mlm_count"])
+  metrics = {}
+  for group, suffix in ((0, ""), (1, second_masking)):
+    if sums[group]["mlm_count"]:
+      metrics[f"mlm_accuracy{suffix}"] = sums[group]["mlm_correct"] / sums[group]["mlm_count"]
+      metrics[f"mlm_loss{suffix}"] = sums[group]["mlm_loss"] / sums[group]["mlm_count"]
   if nsp:
-    metrics["nsp_accuracy"] = sums["nsp_correct"] / sums["nsp_count"]
+    metrics["nsp_accuracy"] = sums[0]["nsp_correct"] / sums[0]["nsp_count"]
   return metrics
+
+
+def _add_scores(sums: dict[str, float], model, batch, nsp: bool) -> None:
+  """Adds `batch`'s correct predictions, losses and counts to `sums` (`evaluate`)."""
+  real = torch.from_numpy(np.asarray(batch["example_weight"]) > 0)
+  inputs = torch_batch(batch, nsp)
+  inputs["labels"][~real] = -100
+  out = losses(model, inputs)
+  scored = inputs["labels"] != -100
+  sums["mlm_correct"] += float((out["mlm_logits"].argmax(-1) == inputs["labels"][scored]).sum())
+  sums["mlm_loss"] += float(out["mlm_loss"]) * float(scored.sum())
+  sums["mlm_count"] += float(scored.sum())
+  if nsp:
+    correct = out["nsp_logits"].argmax(-1) == inputs["next_sentence_label"]
+    sums["nsp_correct"] += float(correct[real].sum())
+    sums["nsp_count"] += float(real.sum())
 
 
 def run(workdir: str, out: str, seed: int = 0) -> dict[str, float]:
@@ -251,7 +270,8 @@ def run(workdir: str, out: str, seed: int = 0) -> dict[str, float]:
       print(f"step {step}: " + ", ".join(f"{k}={v:.4f}" for k, v in terms.items()), flush=True)
     if step == config.train.num_train_steps:
       break
-  metrics = evaluate(model, task.batches.eval(), nsp) if task.batches.eval else {}
+  metrics = (evaluate(model, task.batches.eval(), nsp, pretraining.second_masking(config.data))
+             if task.batches.eval else {})
   os.makedirs(out, exist_ok=True)
   model.save_pretrained(out)
   for name in model_files.tokenizer_files(workdir):

@@ -1,19 +1,13 @@
-"""The optimizer of BERT: AdamW (or LAMB, or ModernBERT's StableAdamW) with linear warmup + linear
-(or polynomial) decay or warmup-stable-decay, a weight-decay mask, gradient clipping by global norm,
+"""The optimizer of BERT: AdamW (or LAMB, or ModernBERT's StableAdamW) over the run's schedule
+(`bertjax.training.schedules`), with a weight-decay mask and gradient clipping by global norm,
 all from optax.
 
 The recipe (Devlin et al. 2019, section A.2; google-research/bert `optimization.py`): Adam with
 b1=0.9, b2=0.999, eps=1e-6, decoupled L2 weight decay 0.01 on everything but biases and LayerNorm
 parameters, the learning rate warmed up linearly over the first steps and then decayed linearly to
-zero, gradients clipped to global norm 1.0.
-
-Two deliberate differences from the original TF code, both the common modern reading:
-- Adam's moments are bias-corrected (`optax.adamw`); the TF `AdamWeightDecayOptimizer` skipped
-  the correction.
-- After warmup the rate decays from the peak at `warmup_steps` to zero at `total_steps` (a
-  continuous line); the TF code decayed from step 0, so the rate just after warmup was
-  `peak * (1 - warmup / total)`. `decay_from_step_0=True` (train.lr_decay_from_step_0) is the
-  TF code's shape, and NVIDIA's.
+zero, gradients clipped to global norm 1.0. One deliberate difference from the original TF code,
+the common modern reading: Adam's moments are bias-corrected (`optax.adamw`); the TF
+`AdamWeightDecayOptimizer` skipped the correction.
 
 LAMB (You et al. 2020) is the large-batch alternative NVIDIA's and the MLPerf BERT entries
 pretrain with, here as NVIDIA's BERT recipe runs it (apex FusedLAMB with use_nvlamb=False): Adam's
@@ -24,17 +18,12 @@ norm first, as FusedLAMB does. `optax.lamb` would scale every parameter. NVIDIA 
 as (1 - progress)^0.5 after warmup (its PolyWarmUpScheduler), progress counted from step 0:
 `lr_decay_power=0.5` and `decay_from_step_0=True` here. Its settings are in the README.
 
-ModernBERT (Warner et al. 2024) pretrains with StableAdamW and a warmup-stable-decay schedule:
-- StableAdamW (Wortsman et al. 2023, "Stable and low-precision training for large-scale
-  vision-language models", Algorithm 1) is AdamW whose whole step on each tensor, weight decay
-  included, is divided by max(1, RMS), RMS = sqrt(mean(g^2 / max(v_hat, eps^2))) over the tensor:
-  Adafactor's update clipping, which makes gradient clipping unnecessary. The eps^2 floor is
-  optimi's StableAdamW, which ModernBERT trained with (`stable_adamw`).
-- Warmup-stable-decay ("trapezoidal"; `wsd_schedule`): linear warmup, the peak held, then a decay
-  to 0 over the last `decay_steps`, as 1 - sqrt(progress) (Hägele et al. 2024, "Scaling Laws and
-  Compute-Optimal Training Beyond Fixed Training Durations"; ModernBERT's decay) or linearly.
-  The rate of a step before the decay does not depend on the run's length, so a run can be
-  extended, or decayed from a checkpoint of its plateau.
+ModernBERT (Warner et al. 2024) pretrains with StableAdamW (Wortsman et al. 2023, "Stable and
+low-precision training for large-scale vision-language models", Algorithm 1): AdamW whose whole
+step on each tensor, weight decay included, is divided by max(1, RMS), RMS = sqrt(mean(g^2 /
+max(v_hat, eps^2))) over the tensor: Adafactor's update clipping, which makes gradient clipping
+unnecessary. The eps^2 floor is optimi's StableAdamW, which ModernBERT trained with
+(`stable_adamw`).
 
 Frozen parameters (`frozen`, from train.frozen_params; the feature-based approach freezes 'bert'):
 their gradients are set to zero first (`optax.masked(optax.set_to_zero(), ...)`), so the clipping
@@ -53,10 +42,10 @@ import jax.numpy as jnp
 import optax
 
 from bertjax.errors import UserError
+from bertjax.training import schedules
+from bertjax.training.schedules import RateChange
 
 OPTIMIZERS = ("adamw", "lamb", "stable_adamw")
-LR_SCHEDULES = ("linear", "wsd")  # train.lr_schedule: BERT's warmup + decay; warmup-stable-decay
-DECAY_SHAPES = ("1-sqrt", "linear")  # train.decay_shape: the decay under wsd
 
 # A leaf whose name contains one of these gets no weight decay (google-research/bert excludes
 # parameters whose name matches "bias" or "LayerNorm"; in Flax a LayerNorm's parameters are
@@ -65,122 +54,6 @@ _NO_DECAY_LEAF_SUBSTRINGS = ("bias",)
 _NO_DECAY_LEAF_NAMES = ("scale",)
 # A leaf inside a module whose name contains one of these (lower-cased) gets no weight decay.
 _NO_DECAY_MODULE_SUBSTRINGS = ("layer_norm", "layernorm")
-
-
-def _check_steps(peak: float, warmup_steps: int, total_steps: int) -> None:
-  """Raises UserError for a rate, warmup or run length that no schedule can take."""
-  if total_steps < 1:
-    raise UserError(f"num_train_steps={total_steps} must be at least 1; set "
-                    "--config.train.num_train_steps to a positive number.")
-  if not 0 <= warmup_steps <= total_steps:
-    raise UserError(f"warmup_steps={warmup_steps} must lie in [0, num_train_steps="
-                    f"{total_steps}]; set --config.train.warmup_steps (BERT used 1% of the run).")
-  if peak <= 0:
-    raise UserError(f"learning_rate={peak} must be positive; set --config.train.learning_rate.")
-
-
-def learning_rate_schedule(peak: float, warmup_steps: int, total_steps: int,
-                           power: float = 1.0, decay_from_step_0: bool = False) -> optax.Schedule:
-  """BERT's schedule: 0 -> `peak` linearly over `warmup_steps`, then `peak` -> 0 at `total_steps`,
-  as `peak * (1 - (step - warmup_steps) / (total_steps - warmup_steps)) ** power`; with
-  `decay_from_step_0`, as `peak * (1 - step / total_steps) ** power` after warmup (the TF code's
-  and NVIDIA's PolyWarmUpScheduler's shape: the rate steps down when warmup ends).
-
-  Args:
-    peak: the learning rate reached at step `warmup_steps`.
-    warmup_steps: steps of linear warmup (0: start at the peak).
-    total_steps: the step at which the rate reaches 0 (and stays there).
-    power: of the decay; 1.0 is BERT's linear decay, 0.5 NVIDIA's LAMB recipe.
-    decay_from_step_0: count the decay's progress from step 0 rather than from warmup's end.
-  Returns:
-    step (int scalar, counted in optimizer updates) -> learning rate (float32 scalar).
-  """
-  _check_steps(peak, warmup_steps, total_steps)
-  if not power > 0:
-    raise UserError(f"lr_decay_power={power} must be positive; set --config.train.lr_decay_power "
-                    "(1.0: BERT's linear decay, 0.5: NVIDIA's LAMB recipe).")
-  # A schedule with 0 transition steps is a constant; join only the pieces that exist. At power 1
-  # polynomial_schedule is optax's linear_schedule.
-  if decay_from_step_0:
-    from_0 = optax.polynomial_schedule(peak, 0.0, power, total_steps)
-    return lambda step: jnp.where(step < warmup_steps, peak * step / max(warmup_steps, 1),
-                                  from_0(step))
-  decay = optax.polynomial_schedule(peak, 0.0, power, max(total_steps - warmup_steps, 1))
-  if warmup_steps == 0:
-    return decay
-  warmup = optax.linear_schedule(0.0, peak, warmup_steps)
-  return optax.join_schedules([warmup, decay], boundaries=[warmup_steps])
-
-
-def wsd_schedule(peak: float, warmup_steps: int, total_steps: int, decay_steps: int,
-                 shape: str = "1-sqrt") -> optax.Schedule:
-  """Warmup-stable-decay: 0 -> `peak` linearly over `warmup_steps`, `peak` until
-  `total_steps - decay_steps`, then down to exactly 0 at `total_steps` (and 0 after) as
-  `peak * (1 - sqrt(p))` ("1-sqrt") or `peak * (1 - p)` ("linear"),
-  p = (step - (total_steps - decay_steps)) / decay_steps.
-
-  Args:
-    peak: the learning rate of the plateau.
-    warmup_steps: steps of linear warmup (0: start at the peak).
-    total_steps: the step at which the decay ends.
-    decay_steps: steps of the final decay; 0: no decay, the peak held to the end (ModernBERT's
-      first phase, its `t_decay: 0tok`; decay later from a checkpoint, in a run of its own).
-    shape: "1-sqrt" (Hägele et al. 2024; ModernBERT) or "linear".
-  Returns:
-    step (int scalar, counted in optimizer updates) -> learning rate (float32 scalar).
-  """
-  _check_steps(peak, warmup_steps, total_steps)
-  if shape not in DECAY_SHAPES:
-    raise UserError(f"train.decay_shape={shape!r}; use one of {', '.join(DECAY_SHAPES)}.")
-  if not 0 <= decay_steps <= total_steps - warmup_steps:
-    raise UserError(
-        f"decay_steps={decay_steps} must lie in [0, num_train_steps - warmup_steps = "
-        f"{total_steps} - {warmup_steps}]: the decay follows warmup; set "
-        "--config.train.decay_steps (0: no decay), or fewer --config.train.warmup_steps.")
-  # Each piece starts at its boundary (join_schedules counts its steps from there); a piece of
-  # 0 steps is left out.
-  pieces = []
-  if warmup_steps:
-    pieces.append((0, optax.linear_schedule(0.0, peak, warmup_steps)))
-  if total_steps - decay_steps > warmup_steps or not decay_steps:
-    pieces.append((warmup_steps, optax.constant_schedule(peak)))
-  if decay_steps and shape == "linear":
-    pieces.append((total_steps - decay_steps, optax.linear_schedule(peak, 0.0, decay_steps)))
-  elif decay_steps:
-    pieces.append((total_steps - decay_steps, lambda step: peak * (
-        1.0 - jnp.sqrt(jnp.clip(step / decay_steps, 0.0, 1.0)))))
-  if len(pieces) == 1:
-    return pieces[0][1]
-  return optax.join_schedules([f for _, f in pieces], boundaries=[b for b, _ in pieces[1:]])
-
-
-def make_schedule(*, learning_rate: float, num_train_steps: int, warmup_steps: int,
-                  lr_schedule: str = "linear", lr_decay_power: float = 1.0,
-                  lr_decay_from_step_0: bool = False, decay_steps: int = 0,
-                  decay_shape: str = "1-sqrt") -> optax.Schedule:
-  """The schedule train.lr_schedule names: "linear" (`learning_rate_schedule`, shaped by
-  lr_decay_power and lr_decay_from_step_0) or "wsd" (`wsd_schedule`, shaped by decay_steps and
-  decay_shape).
-
-  Raises:
-    UserError: an unknown name, or a field of one schedule set under the other (it would be
-      ignored).
-  """
-  if lr_schedule not in LR_SCHEDULES:
-    raise UserError(f"train.lr_schedule={lr_schedule!r}; use one of {', '.join(LR_SCHEDULES)}.")
-  if decay_shape not in DECAY_SHAPES:
-    raise UserError(f"train.decay_shape={decay_shape!r}; use one of {', '.join(DECAY_SHAPES)}.")
-  if lr_schedule == "linear":
-    if decay_steps:
-      raise UserError(f"train.decay_steps={decay_steps} shapes the wsd schedule only; add "
-                      "--config.train.lr_schedule=wsd, or set decay_steps=0.")
-    return learning_rate_schedule(learning_rate, warmup_steps, num_train_steps, lr_decay_power,
-                                  lr_decay_from_step_0)
-  if lr_decay_power != 1.0 or lr_decay_from_step_0:
-    raise UserError("train.lr_decay_power and lr_decay_from_step_0 shape the linear schedule "
-                    "only; under --config.train.lr_schedule=wsd set train.decay_shape and "
-                    "decay_steps (and lr_decay_power=1.0, lr_decay_from_step_0=false).")
-  return wsd_schedule(learning_rate, warmup_steps, num_train_steps, decay_steps, decay_shape)
 
 
 def _dict_keys(path: tuple[Any, ...]) -> list[str]:
@@ -255,7 +128,7 @@ def scale_by_trust_ratio_where(mask: Any) -> optax.GradientTransformation:
 
 
 def lamb(learning_rate: optax.ScalarOrSchedule, *, b1: float, b2: float, eps: float,
-         weight_decay: float, mask: Any) -> optax.GradientTransformation:
+         weight_decay: float | optax.Schedule, mask: Any) -> optax.GradientTransformation:
   """LAMB as apex's FusedLAMB (use_nvlamb=False) runs it for NVIDIA's BERT (module docstring),
   without the clipping (`make_optimizer` adds it).
 
@@ -267,10 +140,11 @@ def lamb(learning_rate: optax.ScalarOrSchedule, *, b1: float, b2: float, eps: fl
   Args:
     learning_rate: a rate or a schedule of the update count.
     b1, b2, eps: Adam's (eps outside the square root).
-    weight_decay: decoupled weight decay wd.
+    weight_decay: decoupled weight decay wd, or a schedule of the update count.
     mask: params -> tree of bools, True where p decays.
   Returns:
-    the transformation; its state is optax.lamb's, so checkpoints of either resume with the other.
+    the transformation; its state (with a constant weight_decay) is optax.lamb's, so checkpoints
+    of either resume with the other.
   """
   trusted = mask if weight_decay else (lambda params: jax.tree.map(lambda _: False, params))
   return optax.chain(
@@ -281,7 +155,7 @@ def lamb(learning_rate: optax.ScalarOrSchedule, *, b1: float, b2: float, eps: fl
 
 
 def stable_adamw(learning_rate: optax.ScalarOrSchedule, *, b1: float, b2: float, eps: float,
-                 weight_decay: float, mask: Any,
+                 weight_decay: float | optax.Schedule, mask: Any,
                  stored_tensor: Callable[[list[str]], str] | None = None
                  ) -> optax.GradientTransformation:
   """StableAdamW: `optax.adamw` with Adafactor's update clipping on each tensor (module docstring),
@@ -298,7 +172,8 @@ def stable_adamw(learning_rate: optax.ScalarOrSchedule, *, b1: float, b2: float,
   Args:
     learning_rate: a rate or a schedule of the update count.
     b1, b2, eps: Adam's (eps outside the square root; eps^2 also floors v_hat in RMS).
-    weight_decay: decoupled weight decay wd, times the learning rate (as adamw).
+    weight_decay: decoupled weight decay wd, times the learning rate (as adamw); or a schedule
+      of the update count.
     mask: params -> tree of bools, True where p decays.
     stored_tensor: a parameter's path names -> the name of the tensor the model's own
       checkpoints store it in; parameters of one stored tensor share one RMS (its mean is over
@@ -336,7 +211,8 @@ def make_optimizer(*, learning_rate: float = 1e-4, num_train_steps: int, warmup_
                    optimizer: str = "adamw", frozen: Sequence[str] = (),
                    lr_decay_power: float = 1.0, lr_decay_from_step_0: bool = False,
                    lr_schedule: str = "linear", decay_steps: int = 0,
-                   decay_shape: str = "1-sqrt",
+                   decay_shape: str = "1-sqrt", decay_floor: float = 0.0,
+                   changes: Sequence[RateChange] = (),
                    stored_tensor: Callable[[list[str]], str] | None = None
                    ) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """BERT's optimizer: clip by global norm, then AdamW (or LAMB, or StableAdamW) with the warmup
@@ -362,7 +238,8 @@ def make_optimizer(*, learning_rate: float = 1e-4, num_train_steps: int, warmup_
     lr_decay_power: the power of the decay after warmup (`learning_rate_schedule`).
     lr_decay_from_step_0: the decay's progress counted from step 0 (`learning_rate_schedule`).
     lr_schedule: "linear" (BERT's, the two fields above) or "wsd" (`wsd_schedule`).
-    decay_steps, decay_shape: the final decay under "wsd" (`wsd_schedule`).
+    decay_steps, decay_shape, decay_floor: the final decay under "wsd" (`wsd_schedule`).
+    changes: later plateaus under "wsd", each with its own weight decay (`RateChange`).
     stored_tensor: which parameters StableAdamW clips as one tensor (`stable_adamw`).
   Returns:
     (tx, schedule): `schedule(n)` is the learning rate of the n-th update (0-based), the n-th
@@ -370,10 +247,11 @@ def make_optimizer(*, learning_rate: float = 1e-4, num_train_steps: int, warmup_
   """
   if optimizer not in OPTIMIZERS:
     raise UserError(f"train.optimizer={optimizer!r}; use one of {', '.join(OPTIMIZERS)}.")
-  schedule = make_schedule(learning_rate=learning_rate, num_train_steps=num_train_steps,
+  schedule = schedules.make_schedule(learning_rate=learning_rate, num_train_steps=num_train_steps,
                            warmup_steps=warmup_steps, lr_schedule=lr_schedule,
                            lr_decay_power=lr_decay_power, lr_decay_from_step_0=lr_decay_from_step_0,
-                           decay_steps=decay_steps, decay_shape=decay_shape)
+                           decay_steps=decay_steps, decay_shape=decay_shape,
+                           decay_floor=decay_floor, changes=changes)
   make = {"adamw": optax.adamw, "lamb": lamb, "stable_adamw": stable_adamw}[optimizer]
   decay_mask = weight_decay_mask
   if frozen:
@@ -383,7 +261,7 @@ def make_optimizer(*, learning_rate: float = 1e-4, num_train_steps: int, warmup_
       return jax.tree.map(lambda d, f: d and not f, weight_decay_mask(params), is_frozen(params))
 
   grouped = dict(stored_tensor=stored_tensor) if optimizer == "stable_adamw" else {}
-  decay = weight_decay / learning_rate if decouple_lr else weight_decay
+  decay = schedules.weight_decay_schedule(learning_rate, weight_decay, decouple_lr, changes)
   update = make(schedule, b1=b1, b2=b2, eps=eps, weight_decay=decay, mask=decay_mask, **grouped)
   tx = optax.chain(optax.clip_by_global_norm(clip_norm), update) if clip_norm else update
   if frozen:

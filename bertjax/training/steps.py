@@ -27,7 +27,7 @@ from jax._src import config as jax_config  # the one flag below has no public co
 from bertjax import run_config
 from bertjax.errors import UserError
 from bertjax.models import heads, modernbert
-from bertjax.training import compile_ahead, optim, parallel
+from bertjax.training import compile_ahead, optim, parallel, schedules
 from bertjax.training import task as task_lib
 
 Params = Any
@@ -66,9 +66,30 @@ def make_optimizer(train_config: run_config.Train, model_config=None,
       weight_decay=tr.weight_decay, decouple_lr=tr.decouple_lr, clip_norm=tr.clip_norm,
       optimizer=tr.optimizer, frozen=tr.frozen, lr_decay_power=tr.lr_decay_power,
       lr_decay_from_step_0=tr.lr_decay_from_step_0, lr_schedule=tr.lr_schedule,
-      decay_steps=tr.decay_steps, decay_shape=tr.decay_shape,
+      decay_steps=tr.decay_steps, decay_shape=tr.decay_shape, decay_floor=tr.decay_floor,
+      changes=rate_changes(tr),
       stored_tensor=(modernbert.stored_tensor
                      if model_config is not None and model_config.is_modernbert else None))
+
+
+def rate_changes(train: run_config.Train) -> tuple[schedules.RateChange, ...]:
+  """The plateaus after the first that a pretraining run's wsd schedule holds: its restart
+  (train.restart_*) and its long phase's own rate (train.long_*), where set, in the order they
+  come, each with its weight decay (-1 keeps the one before); none for fine-tuning."""
+  if not isinstance(train, run_config.PretrainingTrain):
+    return ()
+  entries = sorted(entry for entry in (
+      (train.restart_from_step, train.restart_learning_rate, train.restart_weight_decay,
+       "train.restart_from_step, restart_learning_rate and restart_weight_decay"),
+      (train.long_seq_from_step if train.long_learning_rate else 0, train.long_learning_rate,
+       train.long_weight_decay,
+       "train.long_seq_from_step, long_learning_rate and long_weight_decay"))
+      if entry[0] or entry[1])
+  changes, decay = [], train.weight_decay
+  for step, rate, weight_decay, fields in entries:
+    decay = decay if weight_decay == -1 else weight_decay
+    changes.append(schedules.RateChange(step, rate, decay, fields))
+  return tuple(changes)
 
 
 def make_train_step(task: task_lib.Task, tx: optax.GradientTransformation,
