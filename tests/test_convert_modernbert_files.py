@@ -294,3 +294,35 @@ def test_the_readme_modernbert_command_runs_as_written(tmp_path):
                        capture_output=True, text=True, timeout=300, check=False)
   assert out.returncode == 0, (shlex.join(args), out.stderr[-3000:])
   assert model_files.load_bert_config(str(tmp_path / "OUT")).architecture == "modernbert"
+
+
+@pytest.mark.parametrize("output, probabilities", [(0.1, 0.1), (0.0, 0.0), (0.1, 0.0)])
+def test_dropout_means_in_transformers_what_it_meant(output, probabilities):
+  """transformers' one attention_dropout drops the attention probabilities and the attention
+  output (ModernBertAttention's dropout_p and out_drop): equal rates are written as it; unequal
+  ones (ModernBERT's recipe: 0.1 on the output only) as 0.0, the released configs' value, with
+  both under bertjax_dropout, read back exactly and named by the export's note."""
+  import dataclasses  # pylint: disable=import-outside-toplevel
+  config = dataclasses.replace(hf_files.hf_config_to_bert_config(hf_config().to_dict()),
+                               dropout_rate=output, attention_dropout_rate=probabilities)
+  written = _json(hf_files.bert_config_to_hf_config(config))
+  back = hf_files.hf_config_to_bert_config(written)
+  assert (back.dropout_rate, back.attention_dropout_rate) == (output, probabilities)
+  attention = transformers.ModernBertModel(transformers.ModernBertConfig(**written)).layers[0].attn
+  if output == probabilities:
+    assert written["attention_dropout"] == output and "bertjax_dropout" not in written
+    assert attention.attention_dropout == output
+    assert getattr(attention.out_drop, "p", 0.0) == output
+    assert hf_modernbert.dropout_note(config) is None
+  else:
+    assert written["attention_dropout"] == 0.0 and attention.attention_dropout == 0.0
+    assert written["bertjax_dropout"] == {"attention_output": output,
+                                          "attention_probabilities": probabilities}
+    assert "0.1 on the output and 0.0 on the probabilities" in hf_modernbert.dropout_note(config)
+  # A Hugging Face config without bertjax's key means transformers' one rate for both.
+  plain = dict(written, attention_dropout=0.2)
+  plain.pop("bertjax_dropout", None)
+  back = hf_files.hf_config_to_bert_config(plain)
+  assert (back.dropout_rate, back.attention_dropout_rate) == (0.2, 0.2)
+  with pytest.raises(UserError, match="bertjax_dropout=.* is not"):
+    hf_files.hf_config_to_bert_config(dict(written, bertjax_dropout={"output": 0.1}))

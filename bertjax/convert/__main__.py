@@ -85,6 +85,9 @@ def to_hf_dir(src: str, dst: str) -> str:
               f, indent=2)
     f.write("\n")
   save_file(tensors, os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
+  note = hf_modernbert.dropout_note(config)
+  if note:
+    print(note)
   if model_files.tokenizer_files(src):
     tokenizer = model_files.load_tokenizer(src)
     files = hf_tokenizer.files_for(tokenizer, "modernbert" if config.is_modernbert else "bert",

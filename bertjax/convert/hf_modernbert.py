@@ -19,7 +19,7 @@
   attention_dropout                            dropout_rate (the attention output's dropout,
                                                `modernbert.Layer`) and attention_dropout_rate
                                                (the probabilities'): transformers applies it
-                                               to both
+                                               to both (`attention_dropout`)
 
 Refused, one UserError naming the field: biases bertjax's ModernBERT has not (norm_bias,
 attention_bias, mlp_bias, classifier_bias: its head's Dense), no MLM decoder bias
@@ -28,6 +28,13 @@ rope_type other than 'default' (or rope_scaling), a layer pattern that is not "g
 from layer 0". Not weights, so not refused: embedding_dropout and mlp_dropout (bertjax has
 neither dropout), classifier_dropout (bertjax's heads take dropout_rate), sparse_prediction,
 deterministic_flash_attn, initializer_cutoff_factor (bertjax's is transformers' default, 2).
+
+Dropout written back: transformers' one attention_dropout is bertjax's two rates where they are
+equal; where they differ (ModernBERT's recipe: 0.1 on the attention output, none on the
+probabilities) no value means the same there, so config.json gets 0.0 (the released ModernBERT
+configs' value: fine-tuning in transformers without dropout unless the user sets it) and both
+rates under "bertjax_dropout", which --from=hf reads back, and the export says so
+(`dropout_note`).
 
 Written back (`to_hf_config`): the fields transformers 5 reads (layer_types, rope_parameters)
 and those earlier versions read (global_attn_every_n_layers, global_rope_theta,
@@ -43,6 +50,7 @@ from bertjax.errors import UserError
 from bertjax.models.config import BertConfig
 
 MODEL_TYPE = "modernbert"
+DROPOUT_KEY = "bertjax_dropout"  # config.json: bertjax's two attention dropout rates
 # Hugging Face hidden_activation -> bertjax hidden_act, and back.
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
 _HF_ACTIVATION = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh"}
@@ -142,6 +150,7 @@ def to_bert_config(hf_config: dict[str, Any]) -> BertConfig:
   every = global_attention_every(hf_config, num_layers)
   theta_global, theta_local = _rope_thetas(hf_config)
   dropout = _get(hf_config, "attention_dropout")
+  output_dropout, probabilities_dropout = _bertjax_dropout(hf_config, dropout)
   try:
     return BertConfig(
         **{ours: hf_config[hf] for ours, hf in _SIZES.items()},
@@ -151,10 +160,46 @@ def to_bert_config(hf_config: dict[str, Any]) -> BertConfig:
         initializer_range=_get(hf_config, "initializer_range"), hidden_act=ACTIVATIONS[act],
         local_attention=_get(hf_config, "local_attention"), global_attention_every=every,
         rope_theta_global=theta_global, rope_theta_local=theta_local, pooling=pooling,
-        dropout_rate=dropout, attention_dropout_rate=dropout)
+        dropout_rate=output_dropout, attention_dropout_rate=probabilities_dropout)
   except ValueError as e:
     raise UserError(f"config.json does not describe a ModernBERT bertjax can build: {e}"
                     ) from None
+
+
+def _bertjax_dropout(hf_config: dict[str, Any], dropout: float) -> tuple[float, float]:
+  """(the attention output's dropout, the probabilities'): config.json's bertjax_dropout where a
+  bertjax export wrote it, else attention_dropout for both (transformers' meaning)."""
+  rates = hf_config.get(DROPOUT_KEY)
+  if rates is None:
+    return dropout, dropout
+  try:
+    return float(rates["attention_output"]), float(rates["attention_probabilities"])
+  except (KeyError, TypeError, ValueError):
+    raise UserError(f"config.json's {DROPOUT_KEY}={rates!r} is not {{\"attention_output\": "
+                    "rate, \"attention_probabilities\": rate}; fix or remove it (then "
+                    "attention_dropout is read for both).") from None
+
+
+def attention_dropout(config: BertConfig) -> dict[str, Any]:
+  """config.json's dropout fields for bertjax's two attention rates (module docstring):
+  {"attention_dropout": the rate} when they are equal, else 0.0 and both under bertjax_dropout."""
+  if config.dropout_rate == config.attention_dropout_rate:
+    return {"attention_dropout": config.dropout_rate}
+  return {"attention_dropout": 0.0,
+          DROPOUT_KEY: {"attention_output": config.dropout_rate,
+                        "attention_probabilities": config.attention_dropout_rate}}
+
+
+def dropout_note(config: BertConfig) -> str | None:
+  """What the export tells the user when transformers cannot hold the model's dropout, else
+  None."""
+  if not config.is_modernbert or config.dropout_rate == config.attention_dropout_rate:
+    return None
+  return (f"config.json: attention_dropout=0.0: transformers applies one rate to the attention "
+          f"probabilities and output, and this model trained with {config.dropout_rate} on the "
+          f"output and {config.attention_dropout_rate} on the probabilities; both are kept under "
+          f"{DROPOUT_KEY} (read back by --from=hf). Set attention_dropout to fine-tune with "
+          "dropout in transformers.")
 
 
 def special_token_ids(directory: str | None, vocab_size: int) -> dict[str, int | None]:
@@ -193,7 +238,7 @@ def to_hf_config(config: BertConfig, architectures: Iterable[str],
       "norm_bias": False,
       "attention_bias": False,
       "mlp_bias": False,
-      "attention_dropout": config.dropout_rate,
+      **attention_dropout(config),
       "embedding_dropout": 0.0,
       "mlp_dropout": 0.0,
       "local_attention": config.local_attention,
