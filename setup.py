@@ -47,12 +47,13 @@ setuptools.setup(
         # TensorFlow writes the Google checkpoints that tests/test_convert_tf.py converts; Beam runs
         # tests/test_prepare_beam.py; nbclient runs launch/colab.ipynb in an ipykernel
         # (tests/test_colab.py), whose tables are pandas'; torch-optimi is the StableAdamW
-        # ModernBERT trained with (the reference run, bertjax.tools.torch_pretraining).
+        # ModernBERT trained with (the reference run, bertjax.tools.torch_pretraining);
+        # sentence-transformers is the reference of bertjax.embedding (tests/test_embed.py).
         "test": [
             "pytest==9.2.0", "pytest-xdist==3.8.0", "torch==2.13.0", "transformers==5.23.0",
             "scikit-learn==1.7.2", "apache-beam==2.77.0", *TENSORFLOW,
             "nbclient==0.11.0", "nbformat==5.11.1", "ipykernel==7.4.0", "pandas==3.1.1",
-            "torch-optimi==0.3.3",
+            "torch-optimi==0.3.3", "sentence-transformers==6.2.0",
         ],
         # Google's TF checkpoints and TFDS's tf.data path; large (~270 MB wheel), so optional.
         "tf": TENSORFLOW,

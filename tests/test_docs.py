@@ -86,6 +86,12 @@ COVERED = {
     # Google's release needs TensorFlow and the release; the test writes a checkpoint under
     # Google's names and runs this CLI with the same flags on it.
     ("docs/weights.md", "--from=tf"): "test_convert_tf.py::test_cli_converts_with_parity",
+    ("docs/embeddings.md", "--output=vectors.npy"):
+        "test_embed.py::test_the_docs_commands_run_as_written",
+    ("docs/embeddings.md", "--output=queries.npy"):
+        "test_embed.py::test_the_docs_commands_run_as_written",
+    ("docs/embeddings.md", "--output=mean.npy"):
+        "test_embed.py::test_the_docs_commands_run_as_written",
 }
 
 

@@ -1,0 +1,3 @@
+"""Sentence embeddings: a model directory (sentence-transformers', Hugging Face's or bertjax's)
+turned into one vector a text (`embedder.Embedder`), by sentence-transformers' rules
+(`st_files`: its directory layout; `pooling`: its pooling modes)."""

@@ -1,0 +1,271 @@
+"""Sentence embeddings (bertjax.embedding, python -m bertjax.embed) against sentence-transformers'
+`encode` on the same directories: tiny random BERT and ModernBERT encoders saved by
+sentence-transformers with each pooling mode, Dense layers, normalisation, prompts in and out of
+the pooling, texts longer than max_seq_length; a directory in the format of sentence-transformers
+before version 6; the command as the docs give it; 8 devices against one; every refused input.
+
+The rule for "equal" is the issue's: cosine >= 0.99999 and max |difference| <= 1e-4, row by row.
+"""
+import json
+import os
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from tokenizers import Tokenizer, decoders, models as tok_models, pre_tokenizers, processors
+from tokenizers import trainers
+
+from bertjax import embed
+from bertjax.embedding import embedder
+
+from conftest import ROOT, cpu_env
+from convert_modernbert_helpers import SPECIALS, hf_model
+
+WORDS = [f"w{i}" for i in range(95)]
+_rng = np.random.default_rng(0)
+TEXTS = [" ".join(_rng.choice(WORDS, size=n)) for n in (3, 1, 7, 12, 5, 40, 2, 9, 30, 4)]
+TEXTS[2] = TEXTS[2].upper()  # lower-cased by the tokenizer (do_lower_case)
+
+
+def _bert_dir(directory):
+  """A random 2-layer transformers BertModel with a WordPiece tokenizer.json, saved."""
+  torch.manual_seed(0)
+  config = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
+                                   num_attention_heads=4, intermediate_size=37,
+                                   max_position_embeddings=64)
+  transformers.BertModel(config).eval().save_pretrained(directory)
+  vocab = os.path.join(directory, "vocab.txt")
+  with open(vocab, "w", encoding="utf-8") as f:
+    f.write("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS) + "\n")
+  transformers.BertTokenizerFast(vocab_file=vocab).save_pretrained(directory)
+  os.remove(vocab)  # as sentence-transformers 6 saves it: tokenizer.json alone
+  return directory
+
+
+def _modernbert_dir(directory):
+  """A random 4-layer transformers ModernBertModel with a byte-level BPE tokenizer.json."""
+  hf_model("ModernBertModel").save_pretrained(directory)
+  tok = Tokenizer(tok_models.BPE(unk_token="[UNK]"))
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = decoders.ByteLevel()
+  tok.train_from_iterator(TEXTS * 5, trainers.BpeTrainer(vocab_size=100, special_tokens=SPECIALS,
+                                                         show_progress=False))
+  tok.post_processor = processors.TemplateProcessing(
+      single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 1), ("[SEP]", 2)])
+  tok.save(os.path.join(directory, "tokenizer.json"))
+  specials = {"cls_token": "[CLS]", "sep_token": "[SEP]", "pad_token": "[PAD]",
+              "mask_token": "[MASK]", "unk_token": "[UNK]"}
+  with open(os.path.join(directory, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+    json.dump({"tokenizer_class": "PreTrainedTokenizerFast", **specials}, f)
+  return directory
+
+
+def _sentence_transformer(directory, encoder_dir, modes, *, dense=False, normalize=False,
+                          include_prompt=True, max_seq_length=16):
+  """Saves a sentence-transformers model of `encoder_dir` to `directory`; returns it as
+  sentence-transformers loads it back."""
+  from sentence_transformers import SentenceTransformer, models  # pylint: disable=import-outside-toplevel
+  transformer = models.Transformer(encoder_dir, max_seq_length=max_seq_length,
+                                   do_lower_case=True)
+  width = transformer.get_embedding_dimension()
+  modules = [transformer, models.Pooling(width, pooling_mode=modes,
+                                         include_prompt=include_prompt)]
+  if dense:
+    torch.manual_seed(1)
+    modules.append(models.Dense(width * len(modes), 8))
+  if normalize:
+    modules.append(models.Normalize())
+  SentenceTransformer(modules=modules, device="cpu",
+                      prompts={"query": "search_query: ", "doc": "w3 w4"}).save(directory)
+  return SentenceTransformer(directory, device="cpu")
+
+
+def _assert_equal_embeddings(ours, theirs):
+  assert ours.shape == theirs.shape and ours.dtype == np.float32
+  cosine = np.sum(ours * theirs, -1) / (np.linalg.norm(ours, axis=-1) *
+                                         np.linalg.norm(theirs, axis=-1))
+  assert cosine.min() >= 0.99999, cosine
+  assert np.abs(ours - theirs).max() <= 1e-4
+
+
+@pytest.fixture(scope="module")
+def encoders(tmp_path_factory):
+  root = tmp_path_factory.mktemp("encoders")
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    return {"bert": _bert_dir(str(root / "bert")),
+            "modernbert": _modernbert_dir(str(root / "modernbert"))}
+
+
+@pytest.mark.parametrize("architecture, modes, options", [
+    ("bert", ("mean",), dict(dense=True, normalize=True)),
+    ("bert", ("cls",), {}),
+    ("bert", ("max",), {}),
+    ("bert", ("mean_sqrt_len_tokens",), {}),
+    ("bert", ("weightedmean",), {}),
+    ("bert", ("lasttoken",), {}),
+    ("bert", ("cls", "mean"), dict(include_prompt=False)),
+    ("modernbert", ("mean",), dict(normalize=True, max_seq_length=24)),
+    ("modernbert", ("cls",), dict(include_prompt=False, dense=True)),
+])
+def test_embeddings_equal_sentence_transformers(encoders, tmp_path, architecture, modes,
+                                                options):
+  """Each pooling mode (and two at once), Dense, Normalize, a prompt pooled or left out, texts
+  cut at max_seq_length: bertjax's embeddings are sentence-transformers' on the same directory,
+  without a prompt, with a named one and with one given."""
+  st_dir = str(tmp_path / "st")
+  theirs = _sentence_transformer(st_dir, encoders[architecture], list(modes), **options)
+  ours = embedder.Embedder.load(st_dir)
+  assert ours.max_seq_length == theirs.max_seq_length
+  for prompt in ({}, dict(prompt_name="query"), dict(prompt="w5 w6 ")):
+    _assert_equal_embeddings(ours.encode(TEXTS, batch_size=4, **prompt),
+                             theirs.encode(TEXTS, **prompt))
+
+
+def test_the_format_before_sentence_transformers_6_reads_as_it_does(encoders, tmp_path):
+  """modules.json naming sentence_transformers.models.*, Pooling's pooling_mode_* flags, and
+  sentence_bert_config.json's max_seq_length and do_lower_case, as models on the hub were saved
+  by sentence-transformers 2 to 5: read as sentence-transformers 6 reads them."""
+  from sentence_transformers import SentenceTransformer  # pylint: disable=import-outside-toplevel
+  st_dir = tmp_path / "old"
+  st_dir.mkdir()
+  for name in os.listdir(encoders["bert"]):
+    os.link(os.path.join(encoders["bert"], name), st_dir / name)
+  (st_dir / "modules.json").write_text(json.dumps([
+      {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+      {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+      {"idx": 2, "name": "2", "path": "2_Normalize",
+       "type": "sentence_transformers.models.Normalize"}]))
+  (st_dir / "1_Pooling").mkdir()
+  (st_dir / "1_Pooling" / "config.json").write_text(json.dumps(
+      {"word_embedding_dimension": 32, "pooling_mode_cls_token": False,
+       "pooling_mode_mean_tokens": False, "pooling_mode_max_tokens": True,
+       "pooling_mode_mean_sqrt_len_tokens": False}))
+  (st_dir / "2_Normalize").mkdir()
+  (st_dir / "sentence_bert_config.json").write_text(
+      json.dumps({"max_seq_length": 12, "do_lower_case": True}))
+  ours = embedder.Embedder.load(str(st_dir))
+  assert (ours.recipe.pooling, ours.max_seq_length, ours.recipe.normalize) == (("max",), 12, True)
+  theirs = SentenceTransformer(str(st_dir), device="cpu")
+  _assert_equal_embeddings(ours.encode(TEXTS), theirs.encode(TEXTS))
+
+
+def test_a_plain_model_directory_embeds_with_the_pooling_given(encoders, tmp_path):
+  """A Hugging Face directory (no modules.json) with --pooling=mean --normalize is
+  sentence-transformers' Transformer + mean Pooling + Normalize over it."""
+  theirs = _sentence_transformer(str(tmp_path / "st"), encoders["bert"], ["mean"],
+                                 normalize=True, max_seq_length=64)
+  ours = embedder.Embedder.load(encoders["bert"], pooling_modes=("mean",), normalize=True)
+  # sentence-transformers lower-cases through the do_lower_case it was given; the plain
+  # directory's own tokenizer (BertTokenizerFast) lower-cases already.
+  _assert_equal_embeddings(ours.encode(TEXTS), theirs.encode(TEXTS))
+
+
+def test_the_command_writes_the_rows_in_input_order(encoders, tmp_path):
+  """`python -m bertjax.embed` on a sentence-transformers directory, a text file and a JSONL
+  file: OUT.npy holds encode's rows in the file's order; float16 on request."""
+  st_dir = str(tmp_path / "st")
+  _sentence_transformer(st_dir, encoders["bert"], ["mean"], normalize=True)
+  (tmp_path / "texts.txt").write_text("\n".join(TEXTS) + "\n")
+  (tmp_path / "texts.jsonl").write_text("".join(json.dumps({"body": t}) + "\n" for t in TEXTS))
+  expected = embedder.Embedder.load(st_dir).encode(TEXTS)
+  assert embed.main([f"--model={st_dir}", f"--input={tmp_path}/texts.txt",
+                     f"--output={tmp_path}/a.npy", "--batch_size=3"]) == 0
+  np.testing.assert_allclose(np.load(tmp_path / "a.npy"), expected, atol=1e-6)
+  assert embed.main([f"--model={st_dir}", f"--input={tmp_path}/texts.jsonl", "--field=body",
+                     f"--output={tmp_path}/b.npy", "--dtype=float16"]) == 0
+  written = np.load(tmp_path / "b.npy")
+  assert written.dtype == np.float16
+  np.testing.assert_allclose(written, expected, atol=2e-3)
+
+
+def test_eight_devices_give_one_devices_embeddings(encoders, tmp_path):
+  """Batches split over 8 simulated devices (a batch of 5 padded to 8 rows) give the
+  embeddings one device gives."""
+  st_dir = str(tmp_path / "st")
+  _sentence_transformer(st_dir, encoders["modernbert"], ["mean"], normalize=True)
+  (tmp_path / "texts.txt").write_text("\n".join(TEXTS) + "\n")
+  out = subprocess.run([sys.executable, "-m", "bertjax.embed", f"--model={st_dir}",
+                        f"--input={tmp_path}/texts.txt", f"--output={tmp_path}/eight.npy",
+                        "--batch_size=5"], env=cpu_env(8), cwd=ROOT, capture_output=True,
+                       text=True, timeout=300, check=False)
+  assert out.returncode == 0, out.stderr[-3000:]
+  one = embedder.Embedder.load(st_dir)
+  assert one.mesh.devices.size == 1
+  np.testing.assert_allclose(np.load(tmp_path / "eight.npy"), one.encode(TEXTS, batch_size=5),
+                             atol=1e-5)
+
+
+def test_bad_input_is_one_line(encoders, tmp_path, capsys):
+  """Each refused input: one line naming the problem and the fix, exit 2, nothing written."""
+  st_dir = str(tmp_path / "st")
+  _sentence_transformer(st_dir, encoders["bert"], ["mean"])
+  (tmp_path / "texts.txt").write_text("w1 w2\n\nw3\n")
+  (tmp_path / "ok.txt").write_text("w1 w2\n")
+  (tmp_path / "bad.jsonl").write_text('{"text": "w1"}\n{"body": "w2"}\n')
+  (tmp_path / "kept.npy").write_bytes(b"mine")
+  odd = tmp_path / "odd"
+  odd.mkdir()
+  for name in os.listdir(st_dir):
+    if os.path.isfile(os.path.join(st_dir, name)) and name != "modules.json":
+      os.link(os.path.join(st_dir, name), odd / name)
+  (odd / "modules.json").write_text(json.dumps(
+      [{"path": "", "type": "sentence_transformers.models.Transformer"},
+       {"path": "x", "type": "sentence_transformers.models.LSTM"}]))
+  ok = f"--input={tmp_path}/ok.txt"
+  capsys.readouterr()
+  cases = [
+      ([f"--model={st_dir}", f"--input={tmp_path}/texts.txt"], "text 2 (of 3) is empty"),
+      ([f"--model={st_dir}", f"--input={tmp_path}/none.txt"], "is not a file"),
+      ([f"--model={st_dir}", f"--input={tmp_path}/bad.jsonl"],
+       "line 2 is not a JSON object with a 'text' field"),
+      ([f"--model={encoders['bert']}", ok], "says nothing of pooling; give --pooling"),
+      ([f"--model={st_dir}", ok, "--pooling=mean"], "with its own pooling; leave --pooling out"),
+      ([f"--model={encoders['bert']}", ok, "--pooling=average"], "--pooling=average; use cls"),
+      ([f"--model={st_dir}", ok, "--prompt_name=passage"],
+       "--prompt_name=passage: the model's prompts are doc, document, query"),
+      ([f"--model={odd}", ok], "module 'sentence_transformers.models.LSTM' is not one"),
+      ([f"--model={tmp_path}/nowhere", ok], "is not a directory"),
+  ]
+  for args, message in cases:
+    assert embed.main([*args, f"--output={tmp_path}/out.npy"]) == 2, args
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, (args, err)
+  assert not (tmp_path / "out.npy").exists()
+  assert embed.main([f"--model={st_dir}", ok, f"--output={tmp_path}/kept.npy"]) == 2
+  assert "exists; name a new file" in capsys.readouterr().err
+  assert (tmp_path / "kept.npy").read_bytes() == b"mine"
+
+
+def test_the_docs_commands_run_as_written(encoders, tmp_path, monkeypatch, capsys):
+  """docs/embeddings.md's commands and its Python example, as written, in a directory holding
+  ST_DIR (a sentence-transformers model with a "query" prompt), MODEL_DIR (a Hugging Face
+  BERT), texts.txt and queries.jsonl: each writes its array, the rows in the file's order."""
+  import re  # pylint: disable=import-outside-toplevel
+  import shlex  # pylint: disable=import-outside-toplevel
+  import docs_text  # pylint: disable=import-outside-toplevel
+  monkeypatch.chdir(tmp_path)
+  _sentence_transformer("ST_DIR", encoders["bert"], ["mean"], normalize=True)
+  os.symlink(encoders["bert"], "MODEL_DIR")
+  (tmp_path / "texts.txt").write_text("\n".join(TEXTS) + "\n")
+  (tmp_path / "queries.jsonl").write_text(
+      "".join(json.dumps({"question": t, "id": i}) + "\n" for i, t in enumerate(TEXTS[:3])))
+  page = docs_text.read("docs/embeddings.md")
+  commands = docs_text.bash_commands(page)
+  assert len(commands) == 3
+  for command in commands:
+    args = shlex.split(command)
+    assert args[:3] == ["python", "-m", "bertjax.embed"], command
+    assert embed.main(args[3:]) == 0, (command, capsys.readouterr().err)
+  model = embedder.Embedder.load("ST_DIR")
+  np.testing.assert_allclose(np.load("vectors.npy"), model.encode(TEXTS), atol=1e-6)
+  np.testing.assert_allclose(np.load("queries.npy"),
+                             model.encode(TEXTS[:3], prompt_name="query"), atol=1e-6)
+  assert np.load("mean.npy").shape == (len(TEXTS), 32)
+  [example] = re.findall(r"```python\n(.*?)```", page, re.S)
+  exec(compile(example, "docs/embeddings.md", "exec"), {})  # pylint: disable=exec-used
+  assert "(2, 32)" in capsys.readouterr().out
