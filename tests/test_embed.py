@@ -41,7 +41,9 @@ def _bert_dir(directory):
   vocab = os.path.join(directory, "vocab.txt")
   with open(vocab, "w", encoding="utf-8") as f:
     f.write("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS) + "\n")
-  transformers.BertTokenizerFast(vocab_file=vocab).save_pretrained(directory)
+  tokenizer = transformers.BertTokenizerFast(vocab=vocab)
+  assert tokenizer.vocab_size == 100 and "[UNK]" not in tokenizer.tokenize(" ".join(WORDS))
+  tokenizer.save_pretrained(directory)
   os.remove(vocab)  # as sentence-transformers 6 saves it: tokenizer.json alone
   return directory
 
@@ -269,3 +271,15 @@ def test_the_docs_commands_run_as_written(encoders, tmp_path, monkeypatch, capsy
   [example] = re.findall(r"```python\n(.*?)```", page, re.S)
   exec(compile(example, "docs/embeddings.md", "exec"), {})  # pylint: disable=exec-used
   assert "(2, 32)" in capsys.readouterr().out
+
+
+def test_the_speed_benchmark_compares_the_same_embeddings(tmp_path, capsys):
+  """bertjax.tools.embed_bench on a tiny model and 40 sentences of the bundled corpus: both
+  engines embed every sentence, the same vectors, and print their rate."""
+  from bertjax.tools import embed_bench  # pylint: disable=import-outside-toplevel
+  assert embed_bench.main(["prepare", f"--dir={tmp_path}", "--sentences=40", "--size=tiny"]) == 0
+  _, ours = embed_bench.run(str(tmp_path), "bertjax")
+  _, theirs = embed_bench.run(str(tmp_path), "sentence-transformers")
+  assert ours.shape == (40, 32)
+  _assert_equal_embeddings(ours, theirs)
+  assert "sentences/s" in capsys.readouterr().out

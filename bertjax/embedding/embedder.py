@@ -8,9 +8,12 @@ DIR is one of:
     is required.
 Texts are tokenized as the directory's own tokenizer does (a Hugging Face tokenizer.json through
 `tokenizers`, exactly as sentence-transformers does; else bertjax's tokenizer with [CLS] and
-[SEP]), cut to max_seq_length tokens, sorted by length into batches padded to a few lengths
-(powers of two from 16: few compilations), each batch split over every local device
-(`jax.devices()`, the parameters replicated), and the rows returned in input order, float32.
+[SEP]), cut to max_seq_length tokens. They are packed several to a row (each attending only to itself,
+positions restarting at each text: `bertjax.data.packed_rows`' layout), in rows of one length
+(the longest text's, 128 at least), so that no compute goes to padding and one program is
+compiled for the whole input; each batch of rows is split over every local device
+(`jax.devices()`, the parameters replicated), and the embeddings returned in input order,
+float32.
 """
 from __future__ import annotations
 
@@ -37,7 +40,8 @@ from bertjax.models.config import BertConfig
 _ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "identity": lambda x: x, "tanh": jnp.tanh, "relu": jax.nn.relu,
     "gelu": lambda x: jax.nn.gelu(x, approximate=False), "sigmoid": jax.nn.sigmoid}
-_SHORTEST_BUCKET = 16
+_SHORTEST_ROW = 128  # tokens a packed row holds at least (more where a text is longer)
+_TOKENS_A_TEXT = 64  # a batch of batch_size texts is batch_size * 64 tokens of rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,6 +147,9 @@ class Embedder:
       recipe = st_files.Recipe(transformer_dir=path, pooling=tuple(pooling_modes),
                                normalize=normalize)
     params, config, tokenizer_dir = _encoder_params(recipe.transformer_dir)
+    # Inference: no dropout, so the fastest attention path the backend has (`attention.attend`).
+    config = dataclasses.replace(config, dropout_rate=0.0, attention_dropout_rate=0.0,
+                                 attention="auto")
     length = min(max_seq_length or recipe.max_seq_length or config.max_position_embeddings,
                  config.max_position_embeddings)
     if length < 2:
@@ -205,33 +212,50 @@ class Embedder:
       ids = self.tokenizer.encode(text)
       prompt_length = len(ids) - (1 if ids and ids[-1] in self.tokenizer.special_ids else 0)
     encoded = [self.tokenizer.encode(text + t) for t in texts]
-    order = np.argsort([len(ids) for ids in encoded], kind="stable")
+    lengths = np.asarray([len(ids) for ids in encoded])
+    row = min(self.max_seq_length, max(_SHORTEST_ROW, -(-int(lengths.max()) // 16) * 16))
+    slots = row // 2  # a text has 2 tokens at least: [CLS] and [SEP]
+    plan = _plan(lengths, row, slots)
     devices = self.mesh.devices.size
-    rows = -(-batch_size // devices) * devices  # a batch's rows: a multiple of the devices
+    rows = -(-max(1, batch_size * _TOKENS_A_TEXT // row) // devices) * devices
     sharded = NamedSharding(self.mesh, PartitionSpec("data"))
     out = np.zeros((len(texts), self.dimension), dtype)
-    starts = range(0, len(texts), batch_size)
+    starts = range(0, len(plan), rows)
     for start in tqdm.tqdm(starts, desc="embed", unit="batch", disable=not progress):
-      chunk = order[start:start + batch_size]
-      seq = _bucket(max(len(encoded[i]) for i in chunk), self.max_seq_length)
-      input_ids = np.zeros((rows, seq), np.int32)
-      input_mask = np.zeros((rows, seq), np.int32)
-      for row, i in enumerate(chunk):
-        input_ids[row, :len(encoded[i])] = encoded[i]
-        input_mask[row, :len(encoded[i])] = 1
-      vectors = _embed(self.config, self._head, prompt_length, self.weights,
-                       jax.device_put(input_ids, sharded), jax.device_put(input_mask, sharded))
-      out[chunk] = np.asarray(vectors)[:len(chunk)].astype(dtype)
+      batch = {k: np.zeros((rows, row), np.int32)
+               for k in ("input_ids", "input_mask", "position_ids", "sequence_ids")}
+      placed = []  # (row, slot, text)
+      for r, members in enumerate(plan[start:start + rows]):
+        offset = 0
+        for slot, i in enumerate(members):
+          n = len(encoded[i])
+          batch["input_ids"][r, offset:offset + n] = encoded[i]
+          batch["input_mask"][r, offset:offset + n] = 1
+          batch["position_ids"][r, offset:offset + n] = np.arange(n)
+          batch["sequence_ids"][r, offset:offset + n] = slot + 1
+          placed.append((r, slot, i))
+          offset += n
+      vectors = np.asarray(_embed(self.config, self._head, prompt_length, slots, self.weights,
+                                  {k: jax.device_put(v, sharded) for k, v in batch.items()}))
+      r, slot, i = (np.asarray(x) for x in zip(*placed))
+      out[i] = vectors[r, slot].astype(dtype)
     return out
 
 
-def _bucket(length: int, longest: int) -> int:
-  """The padded length of a batch whose longest text has `length` tokens: the next power of two
-  from 16, at most `longest`."""
-  bucket = _SHORTEST_BUCKET
-  while bucket < length:
-    bucket *= 2
-  return min(bucket, longest)
+def _plan(lengths: np.ndarray, row: int, slots: int) -> list[list[int]]:
+  """Texts (by index) packed into rows of `row` tokens and at most `slots` texts: the longest
+  left first, then the shortest that still fit (one pass, from both ends of the sorted list)."""
+  order = np.argsort(-lengths, kind="stable")
+  plan, first, last = [], 0, len(order) - 1
+  while first <= last:
+    members, room = [int(order[first])], row - int(lengths[order[first]])
+    first += 1
+    while first <= last and len(members) < slots and lengths[order[last]] <= room:
+      members.append(int(order[last]))
+      room -= int(lengths[order[last]])
+      last -= 1
+    plan.append(members)
+  return plan
 
 
 def _check_dense(recipe: st_files.Recipe, config: BertConfig) -> None:
@@ -244,17 +268,19 @@ def _check_dense(recipe: st_files.Recipe, config: BertConfig) -> None:
     width = dense.weight.shape[0]
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
 def _embed(config: BertConfig, head: tuple[tuple[str, ...], tuple[str, ...], bool],
-           prompt_length: int, weights: dict[str, Any], input_ids: jax.Array,
-           input_mask: jax.Array) -> jax.Array:
-  """[batch, dimension] float32 embeddings of a padded batch ([batch, seq] ids and mask); `head`
-  is `Embedder._head`."""
+           prompt_length: int, slots: int, weights: dict[str, Any],
+           batch: dict[str, jax.Array]) -> jax.Array:
+  """[rows, slots, dimension] float32 embeddings of the texts of packed rows (`batch`: input_ids,
+  input_mask, position_ids, sequence_ids [rows, seq]); `head` is `Embedder._head`."""
   modes, activations, normalize = head
   encoder = heads.make_encoder(config, use_pooler=False)
-  out = encoder.apply({"params": weights["encoder"]}, input_ids, None, input_mask,
-                      deterministic=True)
-  x = pooling.pool(out.sequence_output, input_mask, modes, prompt_length)
+  out = encoder.apply({"params": weights["encoder"]}, batch["input_ids"], None,
+                      batch["input_mask"], position_ids=batch["position_ids"],
+                      sequence_ids=batch["sequence_ids"], deterministic=True)
+  x = pooling.pool(out.sequence_output, batch["sequence_ids"], batch["position_ids"], modes,
+                   slots, prompt_length)
   for (weight, bias), activation in zip(weights["dense"], activations):
     x = x @ weight.T + (0.0 if bias is None else bias)
     x = _ACTIVATIONS[activation](x)

@@ -1,61 +1,70 @@
 """Pooling token vectors into one vector a text, by sentence-transformers' rules (its Pooling
-module), for right-padded batches.
+module), for packed rows (several texts a row, `bertjax.data.packed_rows`' layout).
 
   cls                    the first pooled token ([CLS], or the first after an excluded prompt)
   max                    the maximum over the pooled tokens, each dimension
   mean                   the mean of the pooled tokens
   mean_sqrt_len_tokens   their sum over the square root of their number
-  weightedmean           the mean weighted by position (1, 2, ... from the first token)
-  lasttoken              the last pooled token
+  weightedmean           the mean weighted by position (1, 2, ... from the text's first token)
+  lasttoken              the text's last token
 
-The pooled tokens are the real ones (`mask`), less the first `prompt_length` of each row when a
-prompt is excluded (include_prompt false: [CLS] and the prompt's tokens). Several modes are
-concatenated in the order given.
+The pooled tokens of a text are its own (`sequence_ids`), less its first `prompt_length` (an
+excluded prompt with its [CLS]: include_prompt false). Several modes are concatenated in the
+order given.
 """
 from __future__ import annotations
 
 from typing import Sequence
 
-import jax.numpy as jnp
 import jax
+import jax.numpy as jnp
 
 
-def pool(tokens: jax.Array, mask: jax.Array, modes: Sequence[str],
-         prompt_length: int = 0) -> jax.Array:
-  """Pools token vectors.
+def pool(tokens: jax.Array, sequence_ids: jax.Array, position_ids: jax.Array,
+         modes: Sequence[str], slots: int, prompt_length: int = 0) -> jax.Array:
+  """Pools the token vectors of each text of packed rows.
 
   Args:
-    tokens: [batch, seq, hidden] float, the encoder's last hidden states.
-    mask: [batch, seq] 1 for real tokens, 0 for padding (right-padded).
+    tokens: [rows, seq, hidden] float, the encoder's last hidden states.
+    sequence_ids: [rows, seq] int, 1..k: the text a token belongs to; 0 at padding.
+    position_ids: [rows, seq] int, the token's position in its text (0 at its [CLS]).
     modes: pooling modes (module docstring), concatenated.
-    prompt_length: leading tokens of each row left out (an excluded prompt with its [CLS]).
+    slots: k, the texts a row holds at most.
+    prompt_length: leading tokens of each text left out (an excluded prompt with its [CLS]).
   Returns:
-    [batch, hidden * len(modes)] float32.
+    [rows, slots, hidden * len(modes)] float32 (zeros in empty slots).
   """
-  tokens = tokens.astype(jnp.float32)
-  positions = jnp.arange(tokens.shape[1])[None, :]  # [1, seq]
-  pooled_mask = (mask > 0) & (positions >= prompt_length)  # [batch, seq]
-  weights = pooled_mask[..., None].astype(jnp.float32)  # [batch, seq, 1]
+  rows, seq, hidden = tokens.shape
+  tokens = tokens.astype(jnp.float32).reshape(rows * seq, hidden)
+  ids = sequence_ids.reshape(-1)
+  positions = position_ids.reshape(-1)
+  count = rows * slots  # segment rows * slots is the padding, dropped
+  segment = jnp.where(ids > 0, jnp.repeat(jnp.arange(rows), seq) * slots + ids - 1, count)
+  pooled = ((ids > 0) & (positions >= prompt_length)).astype(jnp.float32)[:, None]
+
+  def total(weights):  # [rows * seq, 1] -> [count, hidden]: sum of weights * tokens per text
+    return jax.ops.segment_sum(tokens * weights, segment, count + 1)[:count]
+
+  def number(weights):  # [rows * seq, 1] -> [count, 1]
+    return jax.ops.segment_sum(weights, segment, count + 1)[:count]
+
   outputs = []
   for mode in modes:
     if mode == "cls":
-      first = jnp.argmax(pooled_mask, axis=1)  # [batch]
-      outputs.append(jnp.take_along_axis(tokens, first[:, None, None], axis=1)[:, 0])
+      outputs.append(total(pooled * (positions == prompt_length)[:, None]))
     elif mode == "max":
-      outputs.append(jnp.max(jnp.where(weights > 0, tokens, -jnp.inf), axis=1))
+      most = jax.ops.segment_max(jnp.where(pooled > 0, tokens, -jnp.inf), segment, count + 1)
+      outputs.append(jnp.where(jnp.isfinite(most[:count]), most[:count], 0.0))
     elif mode in ("mean", "mean_sqrt_len_tokens"):
-      total = jnp.sum(tokens * weights, axis=1)
-      count = jnp.maximum(jnp.sum(weights, axis=1), 1e-9)
-      outputs.append(total / (count if mode == "mean" else jnp.sqrt(count)))
+      n = jnp.maximum(number(pooled), 1e-9)
+      outputs.append(total(pooled) / (n if mode == "mean" else jnp.sqrt(n)))
     elif mode == "weightedmean":
-      weighted = weights * (positions[..., None] + 1).astype(jnp.float32)
-      outputs.append(jnp.sum(tokens * weighted, axis=1) /
-                     jnp.maximum(jnp.sum(weighted, axis=1), 1e-9))
+      weights = pooled * (positions + 1).astype(jnp.float32)[:, None]
+      outputs.append(total(weights) / jnp.maximum(number(weights), 1e-9))
     elif mode == "lasttoken":
-      seq = tokens.shape[1]
-      last = seq - 1 - jnp.argmax(pooled_mask[:, ::-1], axis=1)  # [batch]
-      last = jnp.where(jnp.any(pooled_mask, axis=1), last, seq - 1)
-      outputs.append(jnp.take_along_axis(tokens * weights, last[:, None, None], axis=1)[:, 0])
+      length = number((ids > 0).astype(jnp.float32)[:, None])  # [count, 1] tokens of each text
+      last = positions == jnp.append(length[:, 0], 0.0)[segment].astype(positions.dtype) - 1
+      outputs.append(total((ids > 0)[:, None] * last[:, None]))
     else:
       raise ValueError(f"unknown pooling mode {mode!r}")
-  return jnp.concatenate(outputs, axis=-1)
+  return jnp.concatenate(outputs, axis=-1).reshape(rows, slots, -1)
