@@ -22,6 +22,11 @@ import os
 import sys
 import time
 
+import numpy as np
+
+from bertjax.data import sources
+from bertjax.embedding import embedder
+
 SIZES = {"tiny": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                       intermediate_size=64),  # the test's
          "minilm": dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
@@ -36,7 +41,6 @@ def prepare(directory: str, sentences: int, size: str) -> None:
   import torch  # pylint: disable=import-outside-toplevel
   import transformers  # pylint: disable=import-outside-toplevel
   from sentence_transformers import SentenceTransformer, models  # pylint: disable=import-outside-toplevel
-  from bertjax.data import sources  # pylint: disable=import-outside-toplevel
   documents = sources.read_text_files(sources.BUNDLED_CORPUS)
   lines = [s for doc in documents for s in doc if len(s.split()) >= 3][:sentences]
   os.makedirs(directory, exist_ok=True)
@@ -61,7 +65,7 @@ def prepare(directory: str, sentences: int, size: str) -> None:
   print(f"wrote {directory}/model ({size}) and {len(lines)} sentences")
 
 
-def run(directory: str, engine: str) -> tuple[float, "np.ndarray"]:
+def run(directory: str, engine: str) -> tuple[float, np.ndarray]:
   """Embeds DIR/sentences.txt with `engine`; prints and returns (sentences a second, the
   embeddings)."""
   start = time.perf_counter()
@@ -69,7 +73,6 @@ def run(directory: str, engine: str) -> tuple[float, "np.ndarray"]:
     texts = f.read().splitlines()
   model_dir = os.path.join(directory, "model")
   if engine == "bertjax":
-    from bertjax.embedding import embedder  # pylint: disable=import-outside-toplevel
     vectors = embedder.Embedder.load(model_dir).encode(texts, batch_size=32)
   else:
     from sentence_transformers import SentenceTransformer  # pylint: disable=import-outside-toplevel
