@@ -1,0 +1,99 @@
+"""Contrastive losses of embeddings, each anchor against every candidate of the global batch.
+
+`in_batch_softmax` is sentence-transformers' MultipleNegativesRankingLoss (Henderson et al. 2017;
+its rules: cosine similarity times `scale`, 20; each anchor's positive against every positive
+and hard negative of the batch; the mean of -log softmax) and, `symmetric`, its
+MultipleNegativesSymmetricRankingLoss (directions query_to_doc and doc_to_query, one softmax
+each, averaged). `sigmoid` is SigLIP's pairwise loss (Zhai et al. 2023): every (anchor,
+candidate) pair a binary decision, log-sigmoid of +-(similarity * t + b). `matryoshka` is
+sentence-transformers' MatryoshkaLoss (Kusupati et al. 2022): a loss over the first d dimensions
+of the embeddings, for each d, weighted.
+
+Duplicates: where the batch holds the same positive (or the same anchor) twice, `duplicates`
+([batch] ids, equal for equal texts) masks the copies out of each other's negatives, so that a
+text is not pushed away from itself (sentence-transformers avoids them in its batch sampler
+instead).
+
+The arrays are the global batch: under jit over a mesh that splits the batch, the similarity
+matrix [batch, batch * (1 + negatives)] needs every device's candidates, and XLA moves only the
+embeddings ([batch, dim]) to make it.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+
+
+def cosine(a: jax.Array, b: jax.Array) -> jax.Array:
+  """[n, d] x [m, d] -> [n, m] cosine similarities (sentence-transformers' cos_sim: each row
+  divided by max(its norm, 1e-12))."""
+  def unit(x):
+    return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+  return unit(a) @ unit(b).T
+
+
+def _duplicate_mask(duplicates: jax.Array | None, batch: int, columns: int) -> jax.Array:
+  """[batch, columns] True where column j (candidate j % batch of block j // batch) is a copy
+  of row i's positive other than row i's own: masked out of row i's softmax."""
+  if duplicates is None:
+    return jnp.zeros((batch, columns), bool)
+  same = (duplicates[:, None] == duplicates[None, :]) & ~jnp.eye(batch, dtype=bool)
+  return jnp.tile(same, (1, columns // batch)).at[:, batch:].set(False)
+
+
+def in_batch_softmax(anchors: jax.Array, candidates: Sequence[jax.Array], *,
+                     scale: float = 20.0, symmetric: bool = False,
+                     duplicates: jax.Array | None = None) -> jax.Array:
+  """MultipleNegativesRankingLoss (module docstring).
+
+  Args:
+    anchors: [batch, dim] embeddings of the anchors (queries).
+    candidates: the positives [batch, dim], then any hard negatives, each [batch, dim] (the
+      i-th of each belongs to anchor i).
+    scale: the similarities' multiplier (1 / temperature).
+    symmetric: also each positive against every anchor, a softmax of its own, averaged.
+    duplicates: [batch] ids, equal where two rows share their positive text (module
+      docstring); None: none.
+  Returns:
+    the mean loss, a float32 scalar.
+  """
+  batch = anchors.shape[0]
+  positives = candidates[0]
+  scores = cosine(anchors, jnp.concatenate(candidates, axis=0)) * scale  # [batch, batch * c]
+  scores = jnp.where(_duplicate_mask(duplicates, batch, scores.shape[1]), -jnp.inf, scores)
+  positive = jnp.diagonal(scores[:, :batch])
+  log_z = jax.nn.logsumexp(scores, axis=1)
+  if symmetric:
+    backward = cosine(positives, anchors) * scale  # [batch, batch]: doc_to_query
+    backward = jnp.where(_duplicate_mask(duplicates, batch, batch), -jnp.inf, backward)
+    log_z = (log_z + jax.nn.logsumexp(backward, axis=1)) / 2
+  return -jnp.mean(positive - log_z)
+
+
+def sigmoid(anchors: jax.Array, candidates: Sequence[jax.Array], *, log_scale: jax.Array,
+            bias: jax.Array, duplicates: jax.Array | None = None) -> jax.Array:
+  """SigLIP's loss: -sum over pairs of log sigmoid(z * (cosine * exp(log_scale) + bias)), z = 1
+  for an anchor's own positive and -1 for every other candidate, over the anchors (SigLIP's
+  normalisation: the batch). `log_scale` and `bias` are trained (SigLIP starts them at log 10
+  and -10); duplicates' pairs are left out."""
+  batch = anchors.shape[0]
+  logits = cosine(anchors, jnp.concatenate(candidates, axis=0)) * jnp.exp(log_scale) + bias
+  labels = jnp.zeros(logits.shape).at[:, :batch].set(2 * jnp.eye(batch) - 1)
+  labels = labels.at[:, batch:].set(-1.0)
+  keep = ~_duplicate_mask(duplicates, batch, logits.shape[1])
+  return -jnp.sum(jnp.where(keep, jax.nn.log_sigmoid(labels * logits), 0.0)) / batch
+
+
+def matryoshka(loss: Callable[..., jax.Array], dims: Sequence[int],
+               weights: Sequence[float] | None = None) -> Callable[..., jax.Array]:
+  """`loss` (anchors, candidates, **options) summed over the first d dimensions of every
+  embedding, for each d in `dims`, times its weight (default 1 each): MatryoshkaLoss."""
+  weights = list(weights) if weights is not None else [1.0] * len(dims)
+
+  def nested(anchors, candidates, **options):
+    return sum(w * loss(anchors[:, :d], [c[:, :d] for c in candidates], **options)
+               for d, w in zip(dims, weights))
+
+  return nested
