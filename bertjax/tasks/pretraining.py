@@ -235,6 +235,7 @@ def make_task(config: run_config.PretrainingRun, workdir: str,
   for phase in phases:  # opens every phase's shards (and plans): a damaged one is named now
     phase.num_examples()
     phase.num_rows()
+
   def held_out(length: int, max_predictions: int):
     """() -> the held-out batches at this length, at both masking rates when a second is set."""
     first = batches(length, max_predictions, tr.eval_batch_size).eval_batches
