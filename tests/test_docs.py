@@ -92,6 +92,8 @@ COVERED = {
         "test_embed.py::test_the_docs_commands_run_as_written",
     ("docs/embeddings.md", "--output=mean.npy"):
         "test_embed.py::test_the_docs_commands_run_as_written",
+    ("docs/embeddings.md", "--dst=ST_EXPORT"):
+        "test_embed.py::test_the_docs_commands_run_as_written",
 }
 
 

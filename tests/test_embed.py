@@ -258,8 +258,8 @@ def test_the_docs_commands_run_as_written(encoders, tmp_path, monkeypatch, capsy
       "".join(json.dumps({"question": t, "id": i}) + "\n" for i, t in enumerate(TEXTS[:3])))
   page = docs_text.read("docs/embeddings.md")
   commands = docs_text.bash_commands(page)
-  assert len(commands) == 3
-  for command in commands:
+  assert len(commands) == 4
+  for command in commands[:3]:
     args = shlex.split(command)
     assert args[:3] == ["python", "-m", "bertjax.embed"], command
     assert embed.main(args[3:]) == 0, (command, capsys.readouterr().err)
@@ -268,6 +268,21 @@ def test_the_docs_commands_run_as_written(encoders, tmp_path, monkeypatch, capsy
   np.testing.assert_allclose(np.load("queries.npy"),
                              model.encode(TEXTS[:3], prompt_name="query"), atol=1e-6)
   assert np.load("mean.npy").shape == (len(TEXTS), 32)
+  # The export, from a bertjax model directory (MODEL_DIR converted from Hugging Face, with
+  # the WordPiece vocab.txt bertjax reads).
+  from bertjax.convert import __main__ as convert  # pylint: disable=import-outside-toplevel
+  from bertjax.embedding import st_export  # pylint: disable=import-outside-toplevel
+  os.remove("MODEL_DIR")
+  os.mkdir("hf")
+  for name in ("config.json", "model.safetensors"):
+    os.link(os.path.join(encoders["bert"], name), os.path.join("hf", name))
+  (tmp_path / "hf" / "vocab.txt").write_text(
+      "\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS) + "\n")
+  convert.from_hf_dir("hf", "MODEL_DIR")
+  args = shlex.split(commands[3])
+  assert args[:3] == ["python", "-m", "bertjax.embedding.st_export"]
+  assert st_export.main(args[3:]) == 0, capsys.readouterr().err
+  assert os.path.isfile("ST_EXPORT/modules.json")
   [example] = re.findall(r"```python\n(.*?)```", page, re.S)
   exec(compile(example, "docs/embeddings.md", "exec"), {})  # pylint: disable=exec-used
   assert "(2, 32)" in capsys.readouterr().out
@@ -283,3 +298,43 @@ def test_the_speed_benchmark_compares_the_same_embeddings(tmp_path, capsys):
   assert ours.shape == (40, 32)
   _assert_equal_embeddings(ours, theirs)
   assert "sentences/s" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("architecture", ["bert", "modernbert"])
+def test_a_bertjax_model_exports_as_a_sentence_transformers_directory(encoders, tmp_path,
+                                                                      architecture, capsys):
+  """A bertjax model directory (here converted from Hugging Face) written by
+  `python -m bertjax.embedding.st_export` loads in sentence-transformers, whose encode gives
+  bertjax's embeddings of the model directory with the same pooling; bertjax reads the export
+  back to the same embeddings."""
+  from sentence_transformers import SentenceTransformer  # pylint: disable=import-outside-toplevel
+  from bertjax.convert import __main__ as convert  # pylint: disable=import-outside-toplevel
+  from bertjax.embedding import st_export  # pylint: disable=import-outside-toplevel
+  hf_dir = tmp_path / "hf"
+  hf_dir.mkdir()
+  for name in os.listdir(encoders[architecture]):
+    os.link(os.path.join(encoders[architecture], name), hf_dir / name)
+  if architecture == "bert":  # bertjax reads a WordPiece vocabulary from vocab.txt
+    (hf_dir / "vocab.txt").write_text(
+        "\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS) + "\n")
+    (hf_dir / "tokenizer.json").unlink()
+  convert.from_hf_dir(str(hf_dir), str(tmp_path / "model"))
+  assert st_export.main([f"--src={tmp_path}/model", f"--dst={tmp_path}/st", "--pooling=mean",
+                         "--normalize", "--max_seq_length=32"]) == 0
+  ours = embedder.Embedder.load(str(tmp_path / "model"), pooling_modes=("mean",),
+                                normalize=True, max_seq_length=32).encode(TEXTS)
+  theirs = SentenceTransformer(str(tmp_path / "st"), device="cpu")
+  assert theirs.max_seq_length == 32
+  _assert_equal_embeddings(ours, theirs.encode(TEXTS))
+  _assert_equal_embeddings(embedder.Embedder.load(str(tmp_path / "st")).encode(TEXTS),
+                           theirs.encode(TEXTS))
+  # Refused, one line each: an unknown mode; a destination that holds files (left as it was).
+  before = sorted(os.listdir(tmp_path / "st"))
+  for dst, pooling, message in ((tmp_path / "other", "avg", "--pooling=avg; use cls"),
+                                (tmp_path / "st", "mean", "is not an empty directory")):
+    capsys.readouterr()
+    assert st_export.main([f"--src={tmp_path}/model", f"--dst={dst}",
+                           f"--pooling={pooling}"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
+  assert not (tmp_path / "other").exists() and sorted(os.listdir(tmp_path / "st")) == before

@@ -33,7 +33,7 @@ from bertjax.errors import UserError
 MODULES_FILE = "modules.json"
 POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
 # Before sentence-transformers 6, each pooling mode was a bool of Pooling's config.json.
-_LEGACY_POOLING = {"pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max",
+LEGACY_POOLING = {"pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max",
                    "pooling_mode_mean_tokens": "mean",
                    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
                    "pooling_mode_weightedmean_tokens": "weightedmean",
@@ -100,7 +100,7 @@ def _pooling(config: dict[str, Any], where: str) -> tuple[tuple[str, ...], bool]
   """(modes, include_prompt) of a Pooling config.json, either format."""
   modes = config.get("pooling_mode")
   if modes is None:
-    modes = [mode for key, mode in _LEGACY_POOLING.items() if config.get(key)] or ["mean"]
+    modes = [mode for key, mode in LEGACY_POOLING.items() if config.get(key)] or ["mean"]
   modes = (modes,) if isinstance(modes, str) else tuple(modes)
   bad = [m for m in modes if m not in POOLING_MODES]
   if bad:
