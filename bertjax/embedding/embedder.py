@@ -9,9 +9,9 @@ DIR is one of:
 Texts are tokenized as the directory's own tokenizer does (a Hugging Face tokenizer.json through
 `tokenizers`, exactly as sentence-transformers does; else bertjax's tokenizer with [CLS] and
 [SEP]), cut to max_seq_length tokens. They are packed several to a row (each attending only to itself,
-positions restarting at each text: `bertjax.data.packed_rows`' layout), in rows of one length
-(the longest text's, 128 at least), so that no compute goes to padding and one program is
-compiled for the whole input; each batch of rows is split over every local device
+positions restarting at each text: `bertjax.data.packed_rows`' layout), texts up to 128 tokens
+in rows of 128 and longer ones in rows of the longest, so that little compute goes to padding
+and at most two programs are compiled for the whole input; each batch of rows is split over every local device
 (`jax.devices()`, the parameters replicated), and the embeddings returned in input order,
 float32.
 """
@@ -213,33 +213,52 @@ class Embedder:
       prompt_length = len(ids) - (1 if ids and ids[-1] in self.tokenizer.special_ids else 0)
     encoded = [self.tokenizer.encode(text + t) for t in texts]
     lengths = np.asarray([len(ids) for ids in encoded])
-    row = min(self.max_seq_length, max(_SHORTEST_ROW, -(-int(lengths.max()) // 16) * 16))
-    slots = row // 2  # a text has 2 tokens at least: [CLS] and [SEP]
-    plan = _plan(lengths, row, slots)
+    # Two row lengths at most (two compiled programs): texts up to 128 tokens in rows of 128,
+    # longer ones in rows of the longest (a row's attention grows with its length).
+    short = min(self.max_seq_length, _SHORTEST_ROW)
+    groups = []  # (row length, plan of text indices)
+    for chosen in (lengths <= short, lengths > short):
+      indices = np.flatnonzero(chosen)
+      if len(indices):
+        row = min(self.max_seq_length, max(short, -(-int(lengths[indices].max()) // 16) * 16))
+        groups.append((row, [[int(indices[j]) for j in members]
+                             for members in _plan(lengths[indices], row, row // 2)]))
     devices = self.mesh.devices.size
-    rows = -(-max(1, batch_size * _TOKENS_A_TEXT // row) // devices) * devices
     sharded = NamedSharding(self.mesh, PartitionSpec("data"))
     out = np.zeros((len(texts), self.dimension), dtype)
-    starts = range(0, len(plan), rows)
-    for start in tqdm.tqdm(starts, desc="embed", unit="batch", disable=not progress):
-      batch = {k: np.zeros((rows, row), np.int32)
-               for k in ("input_ids", "input_mask", "position_ids", "sequence_ids")}
-      placed = []  # (row, slot, text)
-      for r, members in enumerate(plan[start:start + rows]):
-        offset = 0
-        for slot, i in enumerate(members):
-          n = len(encoded[i])
-          batch["input_ids"][r, offset:offset + n] = encoded[i]
-          batch["input_mask"][r, offset:offset + n] = 1
-          batch["position_ids"][r, offset:offset + n] = np.arange(n)
-          batch["sequence_ids"][r, offset:offset + n] = slot + 1
-          placed.append((r, slot, i))
-          offset += n
-      vectors = np.asarray(_embed(self.config, self._head, prompt_length, slots, self.weights,
+    work = []  # (row length, rows a batch, the batch's plan)
+    for row, plan in groups:
+      rows = -(-max(1, batch_size * _TOKENS_A_TEXT // row) // devices) * devices
+      work += [(row, rows, plan[start:start + rows]) for start in range(0, len(plan), rows)]
+    for row, rows, batch_plan in tqdm.tqdm(work, desc="embed", unit="batch",
+                                          disable=not progress):
+      batch, placed = _packed(batch_plan, encoded, rows, row)
+      vectors = np.asarray(_embed(self.config, self._head, prompt_length, row // 2,
+                                  self.weights,
                                   {k: jax.device_put(v, sharded) for k, v in batch.items()}))
       r, slot, i = (np.asarray(x) for x in zip(*placed))
       out[i] = vectors[r, slot].astype(dtype)
     return out
+
+
+def _packed(plan: list[list[int]], encoded: list[list[int]], rows: int, row: int
+            ) -> tuple[dict[str, np.ndarray], list[tuple[int, int, int]]]:
+  """({input_ids, input_mask, position_ids, sequence_ids: [rows, row] int32}, [(row, slot,
+  text)]) of the texts `plan` lays out, one list of text indices a row (`_plan`)."""
+  batch = {k: np.zeros((rows, row), np.int32)
+           for k in ("input_ids", "input_mask", "position_ids", "sequence_ids")}
+  placed = []
+  for r, members in enumerate(plan):
+    offset = 0
+    for slot, i in enumerate(members):
+      n = len(encoded[i])
+      batch["input_ids"][r, offset:offset + n] = encoded[i]
+      batch["input_mask"][r, offset:offset + n] = 1
+      batch["position_ids"][r, offset:offset + n] = np.arange(n)
+      batch["sequence_ids"][r, offset:offset + n] = slot + 1
+      placed.append((r, slot, i))
+      offset += n
+  return batch, placed
 
 
 def _plan(lengths: np.ndarray, row: int, slots: int) -> list[list[int]]:
