@@ -19,6 +19,7 @@ import sys
 
 import numpy as np
 
+from bertjax.data import sources
 from bertjax.embedding import embedder as embedder_lib
 from bertjax.embedding import st_files
 from bertjax.errors import UserError
@@ -31,14 +32,7 @@ def read_texts(path: str, field: str | None) -> list[str]:
     raise UserError(f"--input={path} is not a file; give a text file (one text a line) or a "
                     "JSONL file.")
   with open(path, "rb") as f:
-    data = f.read()
-  try:
-    text = data.decode("utf-8")
-  except UnicodeDecodeError as e:
-    line = data.count(b"\n", 0, e.start) + 1
-    raise UserError(f"{path} is not UTF-8 (line {line}); convert it, e.g. iconv -f LATIN1 -t "
-                    f"UTF-8 {path}.") from None
-  lines = text.splitlines()
+    lines = sources.decode_text(path, f.read()).splitlines()
   if not lines:
     raise UserError(f"{path} is empty; give one text a line.")
   if field is None and not path.endswith(".jsonl"):

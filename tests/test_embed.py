@@ -209,6 +209,7 @@ def test_bad_input_is_one_line(encoders, tmp_path, capsys):
   (tmp_path / "texts.txt").write_text("w1 w2\n\nw3\n")
   (tmp_path / "ok.txt").write_text("w1 w2\n")
   (tmp_path / "bad.jsonl").write_text('{"text": "w1"}\n{"body": "w2"}\n')
+  (tmp_path / "latin1.txt").write_bytes("café\n".encode("latin-1"))
   (tmp_path / "kept.npy").write_bytes(b"mine")
   odd = tmp_path / "odd"
   odd.mkdir()
@@ -232,6 +233,7 @@ def test_bad_input_is_one_line(encoders, tmp_path, capsys):
        "--prompt_name=passage: the model's prompts are doc, document, query"),
       ([f"--model={odd}", ok], "module 'sentence_transformers.models.LSTM' is not one"),
       ([f"--model={tmp_path}/nowhere", ok], "is not a directory"),
+      ([f"--model={st_dir}", f"--input={tmp_path}/latin1.txt"], "latin1.txt is not UTF-8: line 1"),
   ]
   for args, message in cases:
     assert embed.main([*args, f"--output={tmp_path}/out.npy"]) == 2, args

@@ -154,8 +154,7 @@ class Embedder:
                  config.max_position_embeddings)
     if length < 2:
       raise UserError(f"max_seq_length={length}; give at least 2 ([CLS] and [SEP]).")
-    hf_tokenizer = (tokenizer_dir == recipe.transformer_dir and
-                    os.path.isfile(os.path.join(tokenizer_dir, "tokenizer.json")) and
+    hf_tokenizer = (os.path.isfile(os.path.join(tokenizer_dir, "tokenizer.json")) and
                     not os.path.isfile(os.path.join(tokenizer_dir, model_files.BERT_CONFIG_FILE)))
     tokenizer = (_hf_tokenizer(tokenizer_dir, length, recipe.do_lower_case) if hf_tokenizer
                  else _bertjax_tokenizer(tokenizer_dir, length))

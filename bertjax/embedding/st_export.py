@@ -48,12 +48,13 @@ def export(src: str, dst: str, pooling_modes: tuple[str, ...], normalize: bool =
     raise UserError(f"--src={src} is a sentence-transformers directory already.")
   if not os.path.isdir(src):
     raise UserError(f"--src={src} is not a directory; give a bertjax model directory.")
-  config = model_files.load_bert_config(model_files.find_model_dir(src))
+  model_dir = model_files.find_model_dir(src)
+  config = model_files.load_bert_config(model_dir)
   length = max_seq_length or config.max_position_embeddings
   if not 2 <= length <= config.max_position_embeddings:
     raise UserError(f"--max_seq_length={length}; use 2 to the model's "
                     f"{config.max_position_embeddings} positions.")
-  convert.to_hf_dir(model_files.find_model_dir(src), dst)  # refuses a dst that holds files
+  convert.to_hf_dir(model_dir, dst)  # refuses a dst that holds files
   modules = [{"idx": 0, "name": "0", "path": "",
               "type": "sentence_transformers.models.Transformer"},
              {"idx": 1, "name": "1", "path": "1_Pooling",

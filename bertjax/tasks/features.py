@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bertjax import run_config, tokenization
+from bertjax.data import sources
 from bertjax.data.finetuning.glue import truncated_lengths
 from bertjax.errors import UserError
 from bertjax.modeldir import model_files, model_options, saved_params
@@ -42,13 +43,7 @@ def read_inputs(path: str) -> list[tuple[str, str | None]]:
     raise UserError(f"input_file {path!r} does not exist; give a text file with one input a line "
                     "(\"text_a ||| text_b\" for pairs) as --config.input_file.")
   with open(path, "rb") as f:
-    data = f.read()
-  try:
-    text = data.decode("utf-8")
-  except UnicodeDecodeError as e:
-    line = data.count(b"\n", 0, e.start) + 1
-    raise UserError(f"{path} is not UTF-8 (line {line}); convert it, e.g. "
-                    f"iconv -f LATIN1 -t UTF-8 {path}.") from None
+    text = sources.decode_text(path, f.read())
   inputs = []
   for line in text.splitlines():
     line = line.strip()
