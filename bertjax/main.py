@@ -110,7 +110,7 @@ def _flag_error_message(error: Exception, argv: list[str]) -> str | None:
     overrides = [a.split("=")[0] for a in argv if a.startswith("--config.")]
     detail = str(error).strip("'\"").replace("\\n", " ").replace("\n", " ").replace("\\'", "'")
     return (f"unknown config key among {', '.join(overrides)}: {detail}. "
-            "The fields are listed, with comments, in bertjax/run_config.py (one schema for "
+            "The fields are listed, with comments, in bertjax/run_config/ (one schema for "
             "each kind of run).")
   if isinstance(error, flags.Error):
     return f"{error}. Check the flag's value; run with --helpfull for the flags."

@@ -1,10 +1,11 @@
 """The configs (bertjax/configs/, the package bertjax.configs) and their schemas
-(bertjax/run_config.py): each config builds with every field of its schema, each task's config
+(bertjax/run_config/): each config builds with every field of its schema, each task's config
 is one of the two defaults plus the listed fields, derived values follow the final ones, and
 `--config=configs/NAME.py` is found from any directory."""
 import filecmp
 import importlib
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -102,11 +103,15 @@ def test_squad_v2_changes_two_fields():
 
 
 def test_every_field_of_the_schemas_is_commented():
-  """Each field of bertjax/run_config.py is commented where it is first defined (a subclass may
+  """Each field of bertjax/run_config/ is commented where it is first defined (a subclass may
   give it another default without repeating the comment; a section is its class's docstring)."""
-  with open(run_config.__file__, encoding="utf-8") as f:
-    lines = [line for line in f if re.match(r"  \w+: [\w\[\]. |]+ = ", line)
-             and "default_factory" not in line]
+  package = pathlib.Path(run_config.__file__).parent
+  # The modules in the order their schemas build on each other (a section before its subclasses).
+  order = ["common", "pretraining", "finetuning", "embeddings", "features", "boundary"]
+  assert sorted(order) == sorted(p.stem for p in package.glob("*.py") if p.stem != "__init__")
+  lines = [line for path in (package / f"{name}.py" for name in order)
+           for line in path.read_text(encoding="utf-8").splitlines()
+           if re.match(r"  \w+: [\w\[\]. |]+ = ", line) and "default_factory" not in line]
   seen, uncommented = set(), []
   for line in lines:
     name = line.split(":")[0].strip()

@@ -1,5 +1,5 @@
 """The fine-tuning default: the fields glue.py, ner.py, squad.py and swag.py share (each commented
-in bertjax/run_config.py, `FinetuningRun`).
+in bertjax/run_config/, `FinetuningRun`).
 
 Not run by itself (it names no task): each of those configs is this plus its task, its data
 fields and the few values its recipe changes. The values are the paper's GLUE recipe (section

@@ -7,7 +7,7 @@ chapters, NSP pairs in shards; reused on later runs), masks batches as it stream
 pretrains for a few minutes on 2 CPU cores, evaluates on held-out chapters and checkpoints. Held-out MLM accuracy ends far above the frequency baseline (predicting the most
 common token) and NSP accuracy above 50%; the README gives the figures measured.
 
-Its values are the pretraining defaults, every field commented in bertjax/run_config.py
+Its values are the pretraining defaults, every field commented in bertjax/run_config/
 (`PretrainingRun`): base.py (and large.py) are this plus the paper's values. Warmup is 10% of the
 steps (train.warmup_proportion), so `--config.train.num_train_steps=50` is a short run that
 works as it is. `--config.pretraining.nsp=false` and `--config.pretraining.objective=ltr`
