@@ -14,8 +14,6 @@ import warnings
 
 import numpy as np
 import pytest
-import torch
-import transformers
 from tokenizers import Tokenizer, decoders, models as tok_models, pre_tokenizers, processors
 from tokenizers import trainers
 
@@ -24,28 +22,11 @@ from bertjax.embedding import embedder
 
 from conftest import ROOT, cpu_env
 from convert_modernbert_helpers import SPECIALS, hf_model
+from embedding_helpers import WORDS, hf_bert_dir, sentence_transformer_dir
 
-WORDS = [f"w{i}" for i in range(95)]
 _rng = np.random.default_rng(0)
 TEXTS = [" ".join(_rng.choice(WORDS, size=n)) for n in (3, 1, 7, 12, 5, 40, 2, 9, 30, 4)]
 TEXTS[2] = TEXTS[2].upper()  # lower-cased by the tokenizer (do_lower_case)
-
-
-def _bert_dir(directory):
-  """A random 2-layer transformers BertModel with a WordPiece tokenizer.json, saved."""
-  torch.manual_seed(0)
-  config = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
-                                   num_attention_heads=4, intermediate_size=37,
-                                   max_position_embeddings=64)
-  transformers.BertModel(config).eval().save_pretrained(directory)
-  vocab = os.path.join(directory, "vocab.txt")
-  with open(vocab, "w", encoding="utf-8") as f:
-    f.write("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS) + "\n")
-  tokenizer = transformers.BertTokenizerFast(vocab=vocab)
-  assert tokenizer.vocab_size == 100 and "[UNK]" not in tokenizer.tokenize(" ".join(WORDS))
-  tokenizer.save_pretrained(directory)
-  os.remove(vocab)  # as sentence-transformers 6 saves it: tokenizer.json alone
-  return directory
 
 
 def _modernbert_dir(directory):
@@ -66,26 +47,6 @@ def _modernbert_dir(directory):
   return directory
 
 
-def _sentence_transformer(directory, encoder_dir, modes, *, dense=False, normalize=False,
-                          include_prompt=True, max_seq_length=16):
-  """Saves a sentence-transformers model of `encoder_dir` to `directory`; returns it as
-  sentence-transformers loads it back."""
-  from sentence_transformers import SentenceTransformer, models  # pylint: disable=import-outside-toplevel
-  transformer = models.Transformer(encoder_dir, max_seq_length=max_seq_length,
-                                   do_lower_case=True)
-  width = transformer.get_embedding_dimension()
-  modules = [transformer, models.Pooling(width, pooling_mode=modes,
-                                         include_prompt=include_prompt)]
-  if dense:
-    torch.manual_seed(1)
-    modules.append(models.Dense(width * len(modes), 8))
-  if normalize:
-    modules.append(models.Normalize())
-  SentenceTransformer(modules=modules, device="cpu",
-                      prompts={"query": "search_query: ", "doc": "w3 w4"}).save(directory)
-  return SentenceTransformer(directory, device="cpu")
-
-
 def _assert_equal_embeddings(ours, theirs):
   assert ours.shape == theirs.shape and ours.dtype == np.float32
   cosine = np.sum(ours * theirs, -1) / (np.linalg.norm(ours, axis=-1) *
@@ -99,7 +60,7 @@ def encoders(tmp_path_factory):
   root = tmp_path_factory.mktemp("encoders")
   with warnings.catch_warnings():
     warnings.simplefilter("ignore")
-    return {"bert": _bert_dir(str(root / "bert")),
+    return {"bert": hf_bert_dir(str(root / "bert")),
             "modernbert": _modernbert_dir(str(root / "modernbert"))}
 
 
@@ -120,7 +81,7 @@ def test_embeddings_equal_sentence_transformers(encoders, tmp_path, architecture
   cut at max_seq_length: bertjax's embeddings are sentence-transformers' on the same directory,
   without a prompt, with a named one and with one given."""
   st_dir = str(tmp_path / "st")
-  theirs = _sentence_transformer(st_dir, encoders[architecture], list(modes), **options)
+  theirs = sentence_transformer_dir(st_dir, encoders[architecture], list(modes), **options)
   ours = embedder.Embedder.load(st_dir)
   assert ours.max_seq_length == theirs.max_seq_length
   for prompt in ({}, dict(prompt_name="query"), dict(prompt="w5 w6 ")):
@@ -159,7 +120,7 @@ def test_the_format_before_sentence_transformers_6_reads_as_it_does(encoders, tm
 def test_a_plain_model_directory_embeds_with_the_pooling_given(encoders, tmp_path):
   """A Hugging Face directory (no modules.json) with --pooling=mean --normalize is
   sentence-transformers' Transformer + mean Pooling + Normalize over it."""
-  theirs = _sentence_transformer(str(tmp_path / "st"), encoders["bert"], ["mean"],
+  theirs = sentence_transformer_dir(str(tmp_path / "st"), encoders["bert"], ["mean"],
                                  normalize=True, max_seq_length=64)
   ours = embedder.Embedder.load(encoders["bert"], pooling_modes=("mean",), normalize=True)
   # sentence-transformers lower-cases through the do_lower_case it was given; the plain
@@ -171,7 +132,7 @@ def test_the_command_writes_the_rows_in_input_order(encoders, tmp_path):
   """`python -m bertjax.embed` on a sentence-transformers directory, a text file and a JSONL
   file: OUT.npy holds encode's rows in the file's order; float16 on request."""
   st_dir = str(tmp_path / "st")
-  _sentence_transformer(st_dir, encoders["bert"], ["mean"], normalize=True)
+  sentence_transformer_dir(st_dir, encoders["bert"], ["mean"], normalize=True)
   (tmp_path / "texts.txt").write_text("\n".join(TEXTS) + "\n")
   (tmp_path / "texts.jsonl").write_text("".join(json.dumps({"body": t}) + "\n" for t in TEXTS))
   expected = embedder.Embedder.load(st_dir).encode(TEXTS)
@@ -189,7 +150,7 @@ def test_eight_devices_give_one_devices_embeddings(encoders, tmp_path):
   """Batches split over 8 simulated devices (a batch of 5 padded to 8 rows) give the
   embeddings one device gives."""
   st_dir = str(tmp_path / "st")
-  _sentence_transformer(st_dir, encoders["modernbert"], ["mean"], normalize=True)
+  sentence_transformer_dir(st_dir, encoders["modernbert"], ["mean"], normalize=True)
   (tmp_path / "texts.txt").write_text("\n".join(TEXTS) + "\n")
   out = subprocess.run([sys.executable, "-m", "bertjax.embed", f"--model={st_dir}",
                         f"--input={tmp_path}/texts.txt", f"--output={tmp_path}/eight.npy",
@@ -205,7 +166,7 @@ def test_eight_devices_give_one_devices_embeddings(encoders, tmp_path):
 def test_bad_input_is_one_line(encoders, tmp_path, capsys):
   """Each refused input: one line naming the problem and the fix, exit 2, nothing written."""
   st_dir = str(tmp_path / "st")
-  _sentence_transformer(st_dir, encoders["bert"], ["mean"])
+  sentence_transformer_dir(st_dir, encoders["bert"], ["mean"])
   (tmp_path / "texts.txt").write_text("w1 w2\n\nw3\n")
   (tmp_path / "ok.txt").write_text("w1 w2\n")
   (tmp_path / "bad.jsonl").write_text('{"text": "w1"}\n{"body": "w2"}\n')
@@ -253,13 +214,14 @@ def test_the_docs_commands_run_as_written(encoders, tmp_path, monkeypatch, capsy
   import shlex  # pylint: disable=import-outside-toplevel
   import docs_text  # pylint: disable=import-outside-toplevel
   monkeypatch.chdir(tmp_path)
-  _sentence_transformer("ST_DIR", encoders["bert"], ["mean"], normalize=True)
+  sentence_transformer_dir("ST_DIR", encoders["bert"], ["mean"], normalize=True)
   os.symlink(encoders["bert"], "MODEL_DIR")
   (tmp_path / "texts.txt").write_text("\n".join(TEXTS) + "\n")
   (tmp_path / "queries.jsonl").write_text(
       "".join(json.dumps({"question": t, "id": i}) + "\n" for i, t in enumerate(TEXTS[:3])))
   page = docs_text.read("docs/embeddings.md")
-  commands = docs_text.bash_commands(page)
+  # (The section "Evaluate" is test_embedding_evaluation.py's.)
+  commands = docs_text.bash_commands(page.split("\n## Evaluate\n")[0])
   assert len(commands) == 4
   for command in commands[:3]:
     args = shlex.split(command)

@@ -47,7 +47,7 @@ def _setup(dropout: float):
       out[column] = jnp.sum(hidden * weights, 1) / jnp.sum(weights, 1)  # mean pooling
     return out
 
-  def loss(embeddings):
+  def loss(_, embeddings):  # no parameters of its own
     return losses.in_batch_softmax(embeddings["anchor"],
                                    [embeddings["positive"], embeddings["negative"]])
 
@@ -62,7 +62,7 @@ def test_chunked_gradients_equal_the_whole_batch(chunk_size=2):
     chunks, count = grad_cache.chunked(inputs, chunk_size)
     parts = [embed(p, jax.tree.map(lambda x: x[i], chunks), jax.random.fold_in(rng, i))
              for i in range(count)]
-    return loss(jax.tree.map(lambda *e: jnp.concatenate(e), *parts))
+    return loss(p, jax.tree.map(lambda *e: jnp.concatenate(e), *parts))
 
   expected, expected_grads = jax.jit(jax.value_and_grad(whole))(params)
   value, grads = jax.jit(lambda p: grad_cache.value_and_grad(
@@ -77,7 +77,7 @@ def test_chunked_gradients_equal_the_whole_batch(chunk_size=2):
 def test_without_dropout_it_is_the_plain_full_batch_gradient():
   embed, loss, params, inputs = _setup(dropout=0.0)
   rng = jax.random.key(0)
-  expected, expected_grads = jax.value_and_grad(lambda p: loss(embed(p, inputs, rng)))(params)
+  expected, expected_grads = jax.value_and_grad(lambda p: loss(p, embed(p, inputs, rng)))(params)
   value, grads = grad_cache.value_and_grad(embed, loss, params, inputs, rng, chunk_size=4)
   assert float(value) == pytest.approx(float(expected), rel=1e-6)
   for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(expected_grads)):

@@ -7,8 +7,8 @@ DIR is one of:
     model directory or workdir (bert_config.json); these say nothing of pooling, so `pooling`
     is required.
 Texts are tokenized as the directory's own tokenizer does (a Hugging Face tokenizer.json through
-`tokenizers`, exactly as sentence-transformers does; else bertjax's tokenizer with [CLS] and
-[SEP]), cut to max_seq_length tokens. They are packed several to a row (each attending only to itself,
+`tokenizers`, exactly as sentence-transformers does, in a Hugging Face or sentence-transformers
+directory; else bertjax's tokenizer with [CLS] and [SEP]), cut to max_seq_length tokens. They are packed several to a row (each attending only to itself,
 positions restarting at each text: `bertjax.data.packed_rows`' layout), texts up to 128 tokens
 in rows of 128 and longer ones in rows of the longest, so that little compute goes to padding
 and at most two programs are compiled for the whole input; each batch of rows is split over every local device
@@ -144,8 +144,10 @@ class Embedder:
       bad = [m for m in pooling_modes if m not in st_files.POOLING_MODES]
       if bad:
         raise UserError(f"--pooling={bad[0]}; use {', '.join(st_files.POOLING_MODES)}.")
-      recipe = st_files.Recipe(transformer_dir=path, pooling=tuple(pooling_modes),
-                               normalize=normalize)
+      # In sentence-transformers' order (cls, max, mean, ...), the one its Pooling concatenates
+      # in, so that an export (`st_export`) embeds as this does.
+      recipe = st_files.Recipe(transformer_dir=path, normalize=normalize, pooling=tuple(
+          m for m in st_files.POOLING_MODES if m in pooling_modes))
     params, config, tokenizer_dir = _encoder_params(recipe.transformer_dir)
     # Inference: no dropout, so the fastest attention path the backend has (`attention.attend`).
     config = dataclasses.replace(config, dropout_rate=0.0, attention_dropout_rate=0.0,
@@ -154,8 +156,12 @@ class Embedder:
                  config.max_position_embeddings)
     if length < 2:
       raise UserError(f"max_seq_length={length}; give at least 2 ([CLS] and [SEP]).")
-    hf_tokenizer = (os.path.isfile(os.path.join(tokenizer_dir, "tokenizer.json")) and
-                    not os.path.isfile(os.path.join(tokenizer_dir, model_files.BERT_CONFIG_FILE)))
+    # A Hugging Face tokenizer.json is read as sentence-transformers reads it: in a Hugging Face
+    # directory, and in a sentence-transformers one (a contrastive run's workdir carries its
+    # starting model's); a bertjax model directory's tokenizer is bertjax's.
+    hf_tokenizer = os.path.isfile(os.path.join(tokenizer_dir, "tokenizer.json")) and (
+        st_files.is_sentence_transformers_dir(path) or
+        not os.path.isfile(os.path.join(tokenizer_dir, model_files.BERT_CONFIG_FILE)))
     tokenizer = (_hf_tokenizer(tokenizer_dir, length, recipe.do_lower_case) if hf_tokenizer
                  else _bertjax_tokenizer(tokenizer_dir, length))
     model_options.check_vocabulary(config, tokenizer.vocab_size, tokenizer_dir)

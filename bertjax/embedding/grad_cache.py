@@ -28,13 +28,22 @@ Embeddings = Any  # a pytree of arrays, each [rows, dim]
 
 
 def chunked(inputs: Inputs, chunk_size: int) -> tuple[Inputs, int]:
-  """(`inputs` reshaped to [chunks, chunk_size, ...], the number of chunks)."""
+  """(`inputs` as [chunks, chunk_size, ...], the number of chunks): chunk j is every chunks-th
+  row from row j, so that on a mesh that splits the batch each device holds its share of every
+  chunk and embeds it (`whole` puts them back in order)."""
   batch = jax.tree.leaves(inputs)[0].shape[0]
   if chunk_size < 1 or batch % chunk_size:
     raise UserError(f"a GradCache chunk of {chunk_size} rows does not divide the batch of "
                     f"{batch}; give a chunk size that divides it (e.g. {_divisor(batch)}).")
   count = batch // chunk_size
-  return jax.tree.map(lambda x: x.reshape(count, chunk_size, *x.shape[1:]), inputs), count
+  return jax.tree.map(lambda x: x.reshape(chunk_size, count, *x.shape[1:]).swapaxes(0, 1),
+                      inputs), count
+
+
+def whole(chunks: Any) -> Any:
+  """The inverse of `chunked`: [chunks, chunk_size, ...] arrays back to [batch, ...] in the
+  batch's order."""
+  return jax.tree.map(lambda x: x.swapaxes(0, 1).reshape(-1, *x.shape[2:]), chunks)
 
 
 def _divisor(batch: int) -> int:
@@ -43,27 +52,32 @@ def _divisor(batch: int) -> int:
 
 
 def value_and_grad(embed: Callable[[Params, Inputs, jax.Array], Embeddings],
-                   loss: Callable[[Embeddings], jax.Array], params: Params, inputs: Inputs,
-                   rng: jax.Array, chunk_size: int) -> tuple[jax.Array, Params]:
-  """(loss, its gradient with respect to `params`) of `loss(embeddings of the whole batch)`,
-  computed `chunk_size` rows at a time (module docstring).
+                   loss: Callable[[Params, Embeddings], Any], params: Params, inputs: Inputs,
+                   rng: jax.Array, chunk_size: int, *, has_aux: bool = False
+                   ) -> tuple[Any, Params]:
+  """(loss, its gradient with respect to `params`) of `loss(params, embeddings of the whole
+  batch)`,
+  computed `chunk_size` rows at a time (module docstring); with `has_aux`, `loss` returns
+  (loss, aux) and so does the first item.
 
   Args:
     embed: (params, inputs of some rows, dropout key) -> their embeddings, a pytree of
       [rows, dim] arrays (e.g. {"anchor": ..., "positive": ...}).
-    loss: the embeddings of the whole batch -> a float32 scalar.
+    loss: (params, the embeddings of the whole batch) -> a float32 scalar (with has_aux: and
+      anything); the parameters it reads itself (e.g. SigLIP's scale) are differentiated
+      directly.
     params: the parameters `embed` is differentiated with respect to.
     inputs: the batch, a pytree of [batch, ...] arrays.
-    rng: the dropout key; chunk i draws from jax.random.fold_in(rng, i).
+    rng: the dropout key; chunk i (`chunked`) draws from jax.random.fold_in(rng, i).
     chunk_size: rows a chunk; it divides the batch.
   """
   chunks, count = chunked(inputs, chunk_size)
   keys = jax.vmap(lambda i: jax.random.fold_in(rng, i))(jnp.arange(count))
   frozen = jax.lax.stop_gradient(params)
   embeddings = jax.lax.map(lambda xs: embed(frozen, xs[0], xs[1]), (chunks, keys))
-  whole = jax.tree.map(lambda e: e.reshape(-1, *e.shape[2:]), embeddings)
-  value, cotangents = jax.value_and_grad(loss)(whole)
-  cotangents = jax.tree.map(lambda d: d.reshape(count, chunk_size, *d.shape[1:]), cotangents)
+  value, (direct, cotangents) = jax.value_and_grad(loss, argnums=(0, 1), has_aux=has_aux)(
+      params, whole(embeddings))
+  cotangents, _ = chunked(cotangents, chunk_size)
 
   def accumulate(total, xs):
     chunk, key, cotangent = xs
@@ -71,6 +85,5 @@ def value_and_grad(embed: Callable[[Params, Inputs, jax.Array], Embeddings],
     (grads,) = pull_back(cotangent)
     return jax.tree.map(jnp.add, total, grads), None
 
-  zeros = jax.tree.map(jnp.zeros_like, params)
-  grads, _ = jax.lax.scan(accumulate, zeros, (chunks, keys, cotangents))
+  grads, _ = jax.lax.scan(accumulate, direct, (chunks, keys, cotangents))
   return value, grads

@@ -34,19 +34,26 @@ def cosine(a: jax.Array, b: jax.Array) -> jax.Array:
   return unit(a) @ unit(b).T
 
 
-def _duplicate_mask(duplicates: jax.Array | None, batch: int, columns: int) -> jax.Array:
-  """[batch, columns] True where column j (candidate j % batch of block j // batch) is a copy
-  of row i's positive other than row i's own: masked out of row i's softmax."""
-  if duplicates is None:
-    return jnp.zeros((batch, columns), bool)
-  same = (duplicates[:, None] == duplicates[None, :]) & ~jnp.eye(batch, dtype=bool)
-  return jnp.tile(same, (1, columns // batch)).at[:, batch:].set(False)
+def _excluded(duplicates: jax.Array | None, valid: jax.Array | None, batch: int,
+              columns: int) -> jax.Array:
+  """[batch, columns] True where column j (candidate j % batch of block j // batch) is left out
+  of row i's softmax: a copy of row i's positive other than row i's own (`duplicates`: among
+  the positives only), or a candidate of a padding row (`valid` False) other than row i's
+  own."""
+  others = ~jnp.eye(batch, dtype=bool)
+  padding = (jnp.zeros((batch, batch), bool) if valid is None
+             else jnp.broadcast_to(~valid[None, :], (batch, batch))) & others
+  copies = padding if duplicates is None else padding | (
+      (duplicates[:, None] == duplicates[None, :]) & others)
+  return jnp.concatenate([copies] + [padding] * (columns // batch - 1), axis=1)
 
 
-def in_batch_softmax(anchors: jax.Array, candidates: Sequence[jax.Array], *,
-                     scale: float = 20.0, symmetric: bool = False,
-                     duplicates: jax.Array | None = None) -> jax.Array:
-  """MultipleNegativesRankingLoss (module docstring).
+def in_batch_softmax_per_anchor(anchors: jax.Array, candidates: Sequence[jax.Array], *,
+                                scale: float = 20.0, symmetric: bool = False,
+                                duplicates: jax.Array | None = None,
+                                valid: jax.Array | None = None) -> jax.Array:
+  """MultipleNegativesRankingLoss of each anchor (module docstring): [batch] float32, whose mean
+  is `in_batch_softmax`.
 
   Args:
     anchors: [batch, dim] embeddings of the anchors (queries).
@@ -56,40 +63,57 @@ def in_batch_softmax(anchors: jax.Array, candidates: Sequence[jax.Array], *,
     symmetric: also each positive against every anchor, a softmax of its own, averaged.
     duplicates: [batch] ids, equal where two rows share their positive text (module
       docstring); None: none.
-  Returns:
-    the mean loss, a float32 scalar.
+    valid: [batch] bool, False at padding rows, whose texts are no one's negatives; None: all
+      real.
   """
   batch = anchors.shape[0]
   positives = candidates[0]
   scores = cosine(anchors, jnp.concatenate(candidates, axis=0)) * scale  # [batch, batch * c]
-  scores = jnp.where(_duplicate_mask(duplicates, batch, scores.shape[1]), -jnp.inf, scores)
+  scores = jnp.where(_excluded(duplicates, valid, batch, scores.shape[1]), -jnp.inf, scores)
   positive = jnp.diagonal(scores[:, :batch])
   log_z = jax.nn.logsumexp(scores, axis=1)
   if symmetric:
     backward = cosine(positives, anchors) * scale  # [batch, batch]: doc_to_query
-    backward = jnp.where(_duplicate_mask(duplicates, batch, batch), -jnp.inf, backward)
+    backward = jnp.where(_excluded(duplicates, valid, batch, batch), -jnp.inf, backward)
     log_z = (log_z + jax.nn.logsumexp(backward, axis=1)) / 2
-  return -jnp.mean(positive - log_z)
+  return log_z - positive
 
 
-def sigmoid(anchors: jax.Array, candidates: Sequence[jax.Array], *, log_scale: jax.Array,
-            bias: jax.Array, duplicates: jax.Array | None = None) -> jax.Array:
-  """SigLIP's loss: -sum over pairs of log sigmoid(z * (cosine * exp(log_scale) + bias)), z = 1
-  for an anchor's own positive and -1 for every other candidate, over the anchors (SigLIP's
-  normalisation: the batch). `log_scale` and `bias` are trained (SigLIP starts them at log 10
-  and -10); duplicates' pairs are left out."""
+def in_batch_softmax(anchors: jax.Array, candidates: Sequence[jax.Array], **options
+                     ) -> jax.Array:
+  """MultipleNegativesRankingLoss (module docstring): the mean over the anchors of
+  `in_batch_softmax_per_anchor` (same arguments, without `valid`), a float32 scalar."""
+  return jnp.mean(in_batch_softmax_per_anchor(anchors, candidates, **options))
+
+
+def sigmoid_per_anchor(anchors: jax.Array, candidates: Sequence[jax.Array], *,
+                       log_scale: jax.Array, bias: jax.Array,
+                       duplicates: jax.Array | None = None,
+                       valid: jax.Array | None = None) -> jax.Array:
+  """SigLIP's loss of each anchor, [batch] float32: -sum over its pairs of log sigmoid(z *
+  (cosine * exp(log_scale) + bias)), z = 1 for its own positive and -1 for every other
+  candidate. `log_scale` and `bias` are trained (SigLIP starts them at log 10 and -10);
+  duplicates' and padding rows' pairs are left out (`in_batch_softmax_per_anchor`'s
+  arguments)."""
   batch = anchors.shape[0]
   logits = cosine(anchors, jnp.concatenate(candidates, axis=0)) * jnp.exp(log_scale) + bias
   labels = jnp.zeros(logits.shape).at[:, :batch].set(2 * jnp.eye(batch) - 1)
   labels = labels.at[:, batch:].set(-1.0)
-  keep = ~_duplicate_mask(duplicates, batch, logits.shape[1])
-  return -jnp.sum(jnp.where(keep, jax.nn.log_sigmoid(labels * logits), 0.0)) / batch
+  keep = ~_excluded(duplicates, valid, batch, logits.shape[1])
+  return -jnp.sum(jnp.where(keep, jax.nn.log_sigmoid(labels * logits), 0.0), axis=1)
+
+
+def sigmoid(anchors: jax.Array, candidates: Sequence[jax.Array], **options) -> jax.Array:
+  """SigLIP's loss (`sigmoid_per_anchor`, same arguments): the sum over every pair over the
+  anchors (SigLIP's normalisation: the batch), a float32 scalar."""
+  return jnp.mean(sigmoid_per_anchor(anchors, candidates, **options))
 
 
 def matryoshka(loss: Callable[..., jax.Array], dims: Sequence[int],
                weights: Sequence[float] | None = None) -> Callable[..., jax.Array]:
-  """`loss` (anchors, candidates, **options) summed over the first d dimensions of every
-  embedding, for each d in `dims`, times its weight (default 1 each): MatryoshkaLoss."""
+  """`loss` (anchors, candidates, **options; a scalar or one value an anchor) summed over the
+  first d dimensions of every embedding, for each d in `dims`, times its weight (default 1
+  each): MatryoshkaLoss."""
   weights = list(weights) if weights is not None else [1.0] * len(dims)
 
   def nested(anchors, candidates, **options):

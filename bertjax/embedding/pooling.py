@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 
 def pool(tokens: jax.Array, sequence_ids: jax.Array, position_ids: jax.Array,
-         modes: Sequence[str], slots: int, prompt_length: int = 0) -> jax.Array:
+         modes: Sequence[str], slots: int, prompt_length: int | jax.Array = 0) -> jax.Array:
   """Pools the token vectors of each text of packed rows.
 
   Args:
@@ -30,7 +30,8 @@ def pool(tokens: jax.Array, sequence_ids: jax.Array, position_ids: jax.Array,
     position_ids: [rows, seq] int, the token's position in its text (0 at its [CLS]).
     modes: pooling modes (module docstring), concatenated.
     slots: k, the texts a row holds at most.
-    prompt_length: leading tokens of each text left out (an excluded prompt with its [CLS]).
+    prompt_length: leading tokens of each text left out (an excluded prompt with its [CLS]);
+      an int, or [rows] int, one a row (each row's prompt).
   Returns:
     [rows, slots, hidden * len(modes)] float32 (zeros in empty slots).
   """
@@ -38,9 +39,10 @@ def pool(tokens: jax.Array, sequence_ids: jax.Array, position_ids: jax.Array,
   tokens = tokens.astype(jnp.float32).reshape(rows * seq, hidden)
   ids = sequence_ids.reshape(-1)
   positions = position_ids.reshape(-1)
+  start = jnp.repeat(jnp.broadcast_to(jnp.asarray(prompt_length), (rows,)), seq)
   count = rows * slots  # segment rows * slots is the padding, dropped
   segment = jnp.where(ids > 0, jnp.repeat(jnp.arange(rows), seq) * slots + ids - 1, count)
-  pooled = ((ids > 0) & (positions >= prompt_length)).astype(jnp.float32)[:, None]
+  pooled = ((ids > 0) & (positions >= start)).astype(jnp.float32)[:, None]
 
   def total(weights):  # [rows * seq, 1] -> [count, hidden]: sum of weights * tokens per text
     return jax.ops.segment_sum(tokens * weights, segment, count + 1)[:count]
@@ -51,7 +53,7 @@ def pool(tokens: jax.Array, sequence_ids: jax.Array, position_ids: jax.Array,
   outputs = []
   for mode in modes:
     if mode == "cls":
-      outputs.append(total(pooled * (positions == prompt_length)[:, None]))
+      outputs.append(total(pooled * (positions == start)[:, None]))
     elif mode == "max":
       most = jax.ops.segment_max(jnp.where(pooled > 0, tokens, -jnp.inf), segment, count + 1)
       outputs.append(jnp.where(jnp.isfinite(most[:count]), most[:count], 0.0))

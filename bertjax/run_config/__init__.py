@@ -27,6 +27,12 @@ from bertjax.run_config.finetuning import (FinetuningData, FinetuningModel, Fine
 from bertjax.run_config.pretraining import (Objective, PretrainingData, PretrainingModel,
                                             PretrainingRun, PretrainingTrain)
 
+__all__ = ["Contrastive", "EmbeddingsData", "EmbeddingsRun", "EmbeddingsTrain", "FeaturesRun",
+           "FinetuningData", "FinetuningModel", "FinetuningRun", "FinetuningTrain", "GlueData",
+           "GlueRun", "Mesh", "NerData", "NerRun", "Objective", "PretrainingData",
+           "PretrainingModel", "PretrainingRun", "PretrainingTrain", "SquadData", "SquadRun",
+           "SwagData", "SwagRun", "Train", "TrainingRun", "defaults", "derived", "typed"]
+
 # What the trainer (`bertjax.training`) runs: a pretraining or a fine-tuning config (an
 # embedding run is a fine-tuning run).
 TrainingRun = PretrainingRun | FinetuningRun

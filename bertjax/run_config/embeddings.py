@@ -23,6 +23,8 @@ class EmbeddingsData(FinetuningData):
   # of cosines instead of retrieval
   query_prompt: str = ""  # prepended to every anchor (e.g. "search_query: ")
   document_prompt: str = ""  # prepended to every positive and negative ("search_document: ")
+  max_seq_length: int = 0  # tokens a text is cut to, special tokens included (0 = the model's:
+  # a sentence-transformers model's max_seq_length, else its positions)
   packing: str = "0"  # contrastive rows are one text each (no packing)
 
 

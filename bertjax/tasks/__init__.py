@@ -1,7 +1,8 @@
 """The task registry: `config.task` names the job that `bertjax.main` runs, and the schema its
 config is read into (`bertjax.run_config`).
 
-Pretraining and feature extraction are modules with `run(config, workdir)`. Every fine-tuning
+Pretraining, contrastive embeddings and feature extraction are modules with `run(config,
+workdir)`. Every fine-tuning
 task is a `finetuning.Spec` run by `finetuning.run`; a new one is its spec module (with its
 schema), one line here, and a config of a few lines over configs/finetuning.py.
 """
@@ -14,7 +15,7 @@ import ml_collections
 from bertjax import run_config
 from bertjax.data.finetuning import glue as glue_data
 from bertjax.errors import UserError
-from bertjax.tasks import features, finetuning, glue, ner, pretraining, squad, swag
+from bertjax.tasks import embeddings, features, finetuning, glue, ner, pretraining, squad, swag
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +36,7 @@ FINETUNING: dict[str, finetuning.Spec] = {
 REGISTRY: dict[str, Entry] = {
     "pretraining": Entry(run_config.PretrainingRun, pretraining.run),
     "features": Entry(run_config.FeaturesRun, features.run),
+    "embeddings": Entry(run_config.EmbeddingsRun, embeddings.run),
     **{name: Entry(spec.schema, functools.partial(finetuning.run, spec))
        for name, spec in FINETUNING.items()},
 }

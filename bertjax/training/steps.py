@@ -103,7 +103,8 @@ def make_train_step(task: task_lib.Task, tx: optax.GradientTransformation,
   [B, ...] is split into k micro-batches [B/k, ...] (every k-th row, so each device keeps its
   own rows) whose gradients are summed before one update. Every loss term is divided by its
   weight over the whole batch B, so k micro-batches give exactly the gradient and metrics of
-  one batch of B.
+  one batch of B. A task with its own `gradient` (`task.Task`) gives its terms and gradient of
+  the whole batch instead.
   """
 
   def outputs_of(params, batch, rng):
@@ -127,12 +128,18 @@ def make_train_step(task: task_lib.Task, tx: optax.GradientTransformation,
   def train_step(state: TrainState, batch: task_lib.Batch) -> tuple[TrainState, Any]:
     rng = jax.random.fold_in(jax.random.wrap_key_data(state["rng"], impl=PRNG_IMPLS[prng]),
                              state["step"])
-    totals = total_weights(state["params"], batch)
-    gradient = jax.value_and_grad(objective, has_aux=True)
-    if grad_accum_steps == 1:
-      (loss, averages), grads = gradient(state["params"], batch, rng, totals)
+    if task.gradient is not None:  # the task differentiates its own loss (one batch)
+      terms, grads = task.gradient(state["params"], batch, rng)
+      averages = task_lib.averages(terms)
+      loss = sum(metric.compute() for name, metric in averages.items() if task_lib.is_loss(name))
+    elif grad_accum_steps == 1:
+      totals = total_weights(state["params"], batch)
+      (loss, averages), grads = jax.value_and_grad(objective, has_aux=True)(
+          state["params"], batch, rng, totals)
     else:
       # [B, ...] -> [B/k, k, ...] -> [k, B/k, ...]
+      totals = total_weights(state["params"], batch)
+      gradient = jax.value_and_grad(objective, has_aux=True)
       micro = jax.tree.map(
           lambda x: x.reshape(x.shape[0] // grad_accum_steps, grad_accum_steps,
                               *x.shape[1:]).swapaxes(0, 1), batch)

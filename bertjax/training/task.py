@@ -128,6 +128,14 @@ class Task:
     models_by_length: {sequence length: the module to run on batches of that length instead
       of `model`}, with the same parameters: a phase that changes a choice fixed at trace time
       (ModernBERT's context extension, which changes the global rotary base with the length).
+    gradient: (params, batch, dropout key) -> (the batch's Terms, the gradient of the objective
+      (the loss terms' weighted means, summed) with respect to params), traced inside jit: a
+      task that differentiates its own loss (a contrastive task's GradCache,
+      `bertjax.embedding.grad_cache`); None: the trainer differentiates `terms` of the model's
+      outputs.
+    init_params: the freshly initialised params -> the params the run starts from, for a task
+      that reads its own starting model (an embedding task from a Hugging Face or
+      sentence-transformers directory); None: config.init_checkpoint's, if any.
   """
   model: nn.Module
   terms: Callable[[Any, Batch], Terms]
@@ -139,6 +147,8 @@ class Task:
   files: Mapping[str, str | bytes] = dataclasses.field(default_factory=dict)
   main_metric: str = ""
   models_by_length: Mapping[int, nn.Module] = dataclasses.field(default_factory=dict)
+  gradient: Callable[[Any, Batch, jax.Array], tuple[Terms, Any]] | None = None
+  init_params: Callable[[Any], Any] | None = None
 
   def model_for(self, batch: Batch) -> nn.Module:
     """The module that runs `batch`: models_by_length's for its sequence length, else model."""

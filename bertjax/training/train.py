@@ -70,8 +70,10 @@ def run_context(config: run_config.TrainingRun, devices: list[jax.Device] | None
 
 def restore_or_init(config: run_config.TrainingRun, setup: steps.Setup,
                     checkpoints: checkpoint.Checkpoints,
-                    vocab_size: int | None = None) -> tuple[steps.TrainState, dict | None]:
-  """The start state: latest checkpoint, else init_checkpoint's parameters, else fresh.
+                    vocab_size: int | None = None, init_params=None
+                    ) -> tuple[steps.TrainState, dict | None]:
+  """The start state: latest checkpoint, else the task's own starting parameters
+  (`init_params`: `task.Task.init_params`), else init_checkpoint's parameters, else fresh.
 
   The task's head (every top-level parameter but the encoder 'bert') stays fresh, with a
   message, where init_checkpoint's has other shapes (another task or number of labels). The
@@ -83,6 +85,8 @@ def restore_or_init(config: run_config.TrainingRun, setup: steps.Setup,
   if checkpoints.latest_step() is not None:
     return checkpoints.resume(setup.abstract_state)
   state = setup.init_state()
+  if init_params is not None:
+    return dict(state, params=init_params(state["params"])), None
   if config.init_checkpoint:
     head = [name for name in state["params"] if name != "bert"]
     params, report = saved_params.load_params(config.init_checkpoint, state["params"],
@@ -111,6 +115,7 @@ def _write_workdir_files(config: run_config.TrainingRun, workdir: epath.Path,
   workdir.mkdir(parents=True, exist_ok=True)
   (workdir / CONFIG_FILE).write_text(json.dumps(dataclasses.asdict(config), indent=2) + "\n")
   for name, data in files.items():
+    (workdir / name).parent.mkdir(parents=True, exist_ok=True)  # e.g. 1_Pooling/config.json
     if isinstance(data, bytes):
       (workdir / name).write_bytes(data)
     else:
@@ -160,7 +165,8 @@ def train_and_evaluate(config: run_config.TrainingRun, workdir: str, task: task_
     setup = steps.compiled_ahead(setup, task, first_batch, executor=executor,
                                  init=checkpoints.latest_step() is None)
     state, position = restore_or_init(config, setup, checkpoints,
-                                      getattr(task.model.config, "vocab_size", None))
+                                      getattr(task.model.config, "vocab_size", None),
+                                      task.init_params)
     start_step = int(state["step"])
     total = schedule.num_train_steps
     # Where this process stops: the end of the run, or earlier for a time-boxed job.

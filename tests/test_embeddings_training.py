@@ -1,0 +1,257 @@
+"""Contrastive training (`config.task="embeddings"`, bertjax.tasks.embeddings) against
+sentence-transformers: a run from a sentence-transformers directory follows its
+MultipleNegativesRankingLoss training step for step (the same weights, pairs, optimizer and
+schedule), ends with the same embeddings and held-out retrieval, and exports a directory
+sentence-transformers loads; on 8 simulated devices (negatives from every device), and with
+GradCache, the run equals one device's; SimCSE on the bundled corpus, hard negatives, SigLIP's
+loss, Matryoshka and prompts train; bad settings are refused in one line."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from bertjax import tasks
+from bertjax.configs import embeddings as embeddings_config
+from bertjax.embedding import embedder, evaluation, st_export
+from bertjax.errors import UserError
+
+from conftest import GLUE_VOCAB, ROOT, cpu_env, save_random_bert
+from embedding_helpers import WORDS, hf_bert_dir, sentence_transformer_dir
+
+STEPS, BATCH, RATE, WARMUP = 6, 16, 2e-3, 2
+
+
+def _pairs(rng, n, words=WORDS):
+  """n (anchor, positive) pairs of random words, each positive sharing words with its anchor
+  (and no two positives alike)."""
+  rows = []
+  for _ in range(n):
+    anchor = list(rng.choice(words, size=int(rng.integers(3, 9))))
+    positive = anchor[:2] + list(rng.choice(words, size=3))
+    rows.append((" ".join(anchor), " ".join(positive)))
+  return rows
+
+
+def _write_tsv(path, rows, header=("anchor", "positive")):
+  with open(path, "w", encoding="utf-8") as f:
+    f.write("\t".join(header) + "\n" + "".join("\t".join(r) + "\n" for r in rows))
+  return str(path)
+
+
+def _config(model, train_file, **values):
+  config = embeddings_config.get_config()
+  config.init_checkpoint = str(model)
+  config.data.train_file = train_file
+  config.model.dropout_rate = config.model.attention_dropout_rate = 0.0
+  for key, value in values.items():
+    section, name = key.split("__") if "__" in key else (None, key)
+    setattr(config[section] if section else config, name, value)
+  return config
+
+
+def _logged_losses(workdir):
+  with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
+    rows = [json.loads(line) for line in f]
+  return [r["loss"] for r in rows if "loss" in r and r.get("split", "train") == "train"]
+
+
+def _torch_training(st_dir, pairs):
+  """sentence-transformers' MultipleNegativesRankingLoss trained as bertjax's run is: the same
+  full batch each step, AdamW (decay off biases and LayerNorm, eps 1e-6), clipped at 1.0,
+  linear warmup and decay (transformers' schedule); no dropout. Returns (losses, model)."""
+  from sentence_transformers import SentenceTransformer, losses  # pylint: disable=import-outside-toplevel
+  import transformers  # pylint: disable=import-outside-toplevel
+  torch.manual_seed(0)
+  model = SentenceTransformer(st_dir, device="cpu")
+  model.eval()  # no dropout (bertjax's run sets it to 0), gradients still flow
+  named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+  no_decay = lambda n: n.endswith("bias") or "LayerNorm" in n
+  optimizer = torch.optim.AdamW(
+      [{"params": [p for n, p in named if not no_decay(n)], "weight_decay": 0.01},
+       {"params": [p for n, p in named if no_decay(n)], "weight_decay": 0.0}],
+      lr=RATE, betas=(0.9, 0.999), eps=1e-6)
+  schedule = transformers.get_linear_schedule_with_warmup(optimizer, WARMUP, STEPS)
+  loss_fn = losses.MultipleNegativesRankingLoss(model)
+  features = [model.tokenize([p[i] for p in pairs]) for i in (0, 1)]
+  out = []
+  for _ in range(STEPS):
+    loss = loss_fn(features, None)
+    out.append(float(loss.detach()))
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_([p for _, p in named], 1.0)
+    optimizer.step()
+    schedule.step()
+    optimizer.zero_grad()
+  return out, model
+
+
+def test_training_follows_sentence_transformers_step_for_step(tmp_path):
+  """16 pairs, the whole set a batch: bertjax's loss at each of 6 steps equals
+  sentence-transformers' (rel 2e-4), and so do the trained model's embeddings of held-out texts
+  and its held-out retrieval (nDCG@10 within 1 point); the workdir exports a directory
+  sentence-transformers loads, whose embeddings are bertjax's."""
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    encoder = hf_bert_dir(str(tmp_path / "hf"))
+    sentence_transformer_dir(str(tmp_path / "st"), encoder, ["mean"], max_seq_length=16)
+  rng = np.random.default_rng(0)
+  pairs, held_out = _pairs(rng, BATCH), _pairs(rng, 12)
+  config = _config(tmp_path / "st", _write_tsv(tmp_path / "pairs.tsv", pairs),
+                   data__eval_fraction=0.0, train__batch_size=BATCH,
+                   train__num_train_steps=STEPS, train__warmup_steps=WARMUP,
+                   train__learning_rate=RATE, train__log_every_steps=1,
+                   train__checkpoint_every_steps=STEPS)
+  workdir = str(tmp_path / "run")
+  tasks.run(config, workdir)
+  theirs, model = _torch_training(str(tmp_path / "st"), pairs)
+  np.testing.assert_allclose(_logged_losses(workdir), theirs, rtol=2e-4)
+  assert theirs[-1] < 0.5 * theirs[0]  # it learned
+
+  texts = [t for pair in held_out for t in pair]
+  ours = embedder.Embedder.load(workdir).encode(texts)
+  with torch.no_grad():
+    reference = model.encode(texts, convert_to_numpy=True)
+  cosine = np.sum(ours * reference, -1) / np.linalg.norm(ours, axis=-1) / np.linalg.norm(
+      reference, axis=-1)
+  assert cosine.min() > 0.9999, cosine
+  qrels = {i: {i: 1} for i in range(len(held_out))}
+  ndcg = [evaluation.retrieval(e[0::2], e[1::2], qrels, ks=(10,))["ndcg_at_10"]
+          for e in (ours, reference)]
+  assert abs(ndcg[0] - ndcg[1]) < 0.01, ndcg
+
+  exported = str(tmp_path / "exported")
+  assert st_export.main([f"--src={workdir}", f"--dst={exported}"]) == 0
+  from sentence_transformers import SentenceTransformer  # pylint: disable=import-outside-toplevel
+  loaded = SentenceTransformer(exported, device="cpu").encode(texts, convert_to_numpy=True)
+  assert np.abs(loaded - ours).max() < 1e-4
+
+
+MESH_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import jax, numpy as np
+    from bertjax import run_config
+    from bertjax.configs import embeddings as embeddings_config
+    from bertjax.tasks import embeddings
+    from bertjax.training import train
+    model, pairs, root = sys.argv[1:4]
+    losses = {}
+    for name, devices, chunk in (("one", 1, 0), ("eight", 8, 0), ("grad_cache", 8, 8)):
+      config = embeddings_config.get_config()
+      config.init_checkpoint, config.data.train_file = model, pairs
+      config.embedding.pooling, config.embedding.grad_cache_chunk = "mean", chunk
+      config.model.dropout_rate = config.model.attention_dropout_rate = 0.0
+      config.data.eval_fraction = 0.0
+      config.train.batch_size, config.train.num_train_steps = 16, 3
+      config.train.learning_rate, config.train.log_every_steps = 1e-3, 1
+      config = run_config.typed(config, run_config.EmbeddingsRun)
+      context = train.run_context(config, jax.devices()[:devices])
+      workdir = f"{root}/{name}"
+      train.train_and_evaluate(config, workdir, embeddings.make_task(config, workdir, context),
+                               context)
+      with open(f"{workdir}/metrics.jsonl") as f:
+        losses[name] = [r["loss"] for r in map(json.loads, f) if "loss" in r]
+    print(json.dumps(losses))
+""")
+
+
+def test_eight_devices_and_grad_cache_equal_one_device(tmp_path):
+  """3 steps of a batch of 16 on 8 simulated devices (each anchor against all 16 positives,
+  every device's), and on 8 with GradCache chunks of 8, give one device's losses (1e-5)."""
+  model = save_random_bert(tmp_path / "model", GLUE_VOCAB)
+  pairs = _write_tsv(tmp_path / "pairs.tsv", _pairs(np.random.default_rng(1), 48,
+                                                    GLUE_VOCAB[5:]))
+  out = subprocess.run([sys.executable, "-c", MESH_SCRIPT, model, pairs, str(tmp_path)],
+                       env=cpu_env(8), cwd=ROOT, capture_output=True, text=True, timeout=600,
+                       check=False)
+  assert out.returncode == 0, out.stderr[-3000:]
+  losses = json.loads(out.stdout.strip().splitlines()[-1])
+  assert len(losses["one"]) == 3
+  np.testing.assert_allclose(losses["eight"], losses["one"], rtol=1e-5)
+  np.testing.assert_allclose(losses["grad_cache"], losses["one"], rtol=1e-5)
+
+
+def test_simcse_hard_negatives_sigmoid_matryoshka_and_prompts(tmp_path):
+  """Unsupervised SimCSE on the bundled corpus (dropout the noise: the two copies differ), and
+  JSONL triplets with SigLIP's loss (its scale and bias trained), Matryoshka dimensions and
+  prompts: each trains, evaluates and leaves a workdir bertjax.embed reads."""
+  model = save_random_bert(tmp_path / "model", GLUE_VOCAB)
+  config = embeddings_config.get_config("simcse")
+  config.init_checkpoint, config.embedding.pooling = model, "cls"
+  config.train.batch_size, config.train.num_train_steps = 8, 2
+  simcse = str(tmp_path / "simcse")
+  tasks.run(config, simcse)
+  assert _logged_losses(simcse)[-1] > 0.0  # dropout: a copy is not trivially itself
+  assert embedder.Embedder.load(simcse).encode(["good words"]).shape == (1, 64)
+
+  rng = np.random.default_rng(2)
+  rows = [(a, p, _pairs(rng, 1, GLUE_VOCAB[5:])[0][0])
+          for a, p in _pairs(rng, 40, GLUE_VOCAB[5:])]
+  path = tmp_path / "triplets.jsonl"
+  path.write_text("".join(json.dumps({"anchor": a, "positive": p, "negative": n}) + "\n"
+                          for a, p, n in rows))
+  config = _config(model, str(path), train__batch_size=8, train__num_train_steps=4,
+                   embedding__pooling="mean", embedding__loss="sigmoid",
+                   embedding__matryoshka_dims="64,16", data__eval_fraction=0.2,
+                   data__query_prompt="query: ", data__document_prompt="passage: ",
+                   train__learning_rate=1e-3)
+  workdir = str(tmp_path / "triplets")
+  metrics = tasks.run(config, workdir)
+  assert 0.0 <= metrics["ndcg_at_10"] <= 1.0 and metrics["loss"] > 0.0
+  with open(os.path.join(workdir, "eval_results.json"), encoding="utf-8") as f:
+    assert json.load(f)["main_metric"] == "ndcg_at_10"
+  loaded = embedder.Embedder.load(workdir)
+  assert loaded.recipe.prompts == {"query": "query: ", "document": "passage: "}
+
+
+@pytest.fixture(scope="module")
+def small_model(tmp_path_factory):
+  return save_random_bert(tmp_path_factory.mktemp("model") / "m", GLUE_VOCAB)
+
+
+@pytest.mark.parametrize("rows, values, message", [
+    ([("only one column",)], {}, "has one text"),
+    ([("a", "  ")], {}, "empty text"),
+    ([("a", "b"), ("a", "b", "c")], {}, "same number of hard negatives"),
+    ([("a", "b")], {"embedding__pooling": ""}, "says nothing of pooling"),
+    ([("a", "b")], {"embedding__matryoshka_dims": "128,64"}, "128, but the model's embeddings"),
+    ([("a", "b")], {"embedding__grad_cache_chunk": 3}, "grad_cache_chunk=3 must divide"),
+    ([("a", "b")], {"train__grad_accum_steps": 2}, "grad_accum_steps splits the batch"),
+    ([("a", "b")], {"embedding__loss": "triplet"}, "embedding.loss='triplet'"),
+])
+def test_bad_settings_are_refused(tmp_path, small_model, rows, values, message):
+  values = {"embedding__pooling": "mean", **values}
+  config = _config(small_model, _write_tsv(tmp_path / "pairs.tsv", rows, header=()), **values)
+  with pytest.raises(UserError, match=message):
+    tasks.run(config, str(tmp_path / "run"))
+  assert not os.path.exists(tmp_path / "run")
+
+
+def test_the_command_refuses_in_one_line(tmp_path, small_model):
+  """Through `python -m bertjax.main`: one line, exit 2, no traceback."""
+  pairs = _write_tsv(tmp_path / "pairs.tsv", [("one column",)], header=())
+  out = subprocess.run(
+      [sys.executable, "-m", "bertjax.main", "--config=bertjax/configs/embeddings.py",
+       f"--workdir={tmp_path / 'run'}", f"--config.init_checkpoint={small_model}",
+       "--config.embedding.pooling=mean", f"--config.data.train_file={pairs}"],
+      env=cpu_env(), cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+  assert out.returncode == 2 and "Traceback" not in out.stderr
+  assert "has one text" in out.stderr.strip().splitlines()[-1]
+
+
+def test_module_files_are_what_sentence_transformers_reads(tmp_path):
+  """st_export.module_files (what a contrastive workdir holds) reads back as its recipe."""
+  from bertjax.embedding import st_files  # pylint: disable=import-outside-toplevel
+  for name, text in st_export.module_files(64, ("mean", "max"), normalize=True,
+                                           max_seq_length=40, include_prompt=False,
+                                           prompts={"query": "q: "}).items():
+    os.makedirs(os.path.dirname(tmp_path / name), exist_ok=True)
+    (tmp_path / name).write_text(text)
+  recipe = st_files.read_recipe(str(tmp_path))
+  assert (recipe.pooling, recipe.normalize, recipe.max_seq_length, recipe.include_prompt,
+          recipe.prompts) == (("max", "mean"), True, 40, False, {"query": "q: "})
