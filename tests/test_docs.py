@@ -94,6 +94,12 @@ COVERED = {
         "test_embed.py::test_the_docs_commands_run_as_written",
     ("docs/embeddings.md", "--dst=ST_EXPORT"):
         "test_embed.py::test_the_docs_commands_run_as_written",
+    ("docs/embeddings.md", "--retrieval=BEIR_DIR"):
+        "test_embedding_evaluation.py::test_the_docs_commands_run_as_written",
+    ("docs/embeddings.md", "--sts=STS-B/dev.tsv"):
+        "test_embedding_evaluation.py::test_the_docs_commands_run_as_written",
+    ("docs/embeddings.md", "--transfer=mr"):
+        "test_embedding_evaluation.py::test_the_docs_commands_run_as_written",
 }
 
 
