@@ -100,6 +100,14 @@ COVERED = {
         "test_embedding_evaluation.py::test_the_docs_commands_run_as_written",
     ("docs/embeddings.md", "--transfer=mr"):
         "test_embedding_evaluation.py::test_the_docs_commands_run_as_written",
+    ("docs/embeddings.md", "--workdir=EMB "):
+        "test_embeddings_training.py::test_the_docs_commands_run_as_written",
+    ("docs/embeddings.md", "--workdir=SIMCSE"):
+        "test_embeddings_training.py::test_the_docs_commands_run_as_written",
+    ("docs/embeddings.md", "--output=trained.npy"):
+        "test_embeddings_training.py::test_the_docs_commands_run_as_written",
+    ("docs/embeddings.md", "--dst=EMB_ST"):
+        "test_embeddings_training.py::test_the_docs_commands_run_as_written",
 }
 
 

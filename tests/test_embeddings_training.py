@@ -255,3 +255,45 @@ def test_module_files_are_what_sentence_transformers_reads(tmp_path):
   recipe = st_files.read_recipe(str(tmp_path))
   assert (recipe.pooling, recipe.normalize, recipe.max_seq_length, recipe.include_prompt,
           recipe.prompts) == (("max", "mean"), True, 40, False, {"query": "q: "})
+
+
+def test_the_docs_commands_run_as_written(tmp_path, monkeypatch, small_model):
+  """docs/embeddings.md's "Train embeddings" commands, as written, in a directory holding
+  ST_DIR (a sentence-transformers model), PAIRS.tsv, MODEL_DIR (a random bertjax model) and
+  texts.txt: the pairs run, 100 SimCSE steps on the bundled corpus, embedding with the pairs
+  run's workdir and its export (which sentence-transformers loads, embedding alike)."""
+  import shlex  # pylint: disable=import-outside-toplevel
+  import docs_text  # pylint: disable=import-outside-toplevel
+  from bertjax import embed  # pylint: disable=import-outside-toplevel
+  monkeypatch.chdir(tmp_path)
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    sentence_transformer_dir("ST_DIR", hf_bert_dir(str(tmp_path / "hf")), ["mean"])
+  rng = np.random.default_rng(3)
+  _write_tsv(tmp_path / "PAIRS.tsv", _pairs(rng, 80))
+  os.symlink(small_model, "MODEL_DIR")
+  texts = [" ".join(pair) for pair in _pairs(rng, 5)]
+  (tmp_path / "texts.txt").write_text("\n".join(texts) + "\n")
+  commands = docs_text.bash_commands(docs_text.section("Train embeddings"))
+  assert len(commands) == 4
+  for command in commands:
+    args = shlex.split(command)
+    if args[2] == "bertjax.main":  # absl flags: a process of its own
+      out = subprocess.run([sys.executable, *args[1:]], env=cpu_env(), capture_output=True,
+                           text=True, timeout=600, check=False)
+      assert out.returncode == 0, (command, out.stderr[-2000:])
+    else:
+      module = {"bertjax.embed": embed, "bertjax.embedding.st_export": st_export}[args[2]]
+      assert module.main(args[3:]) == 0, command
+  assert _logged_losses("SIMCSE") and os.path.isfile("EMB/eval_results.json")
+  from sentence_transformers import SentenceTransformer  # pylint: disable=import-outside-toplevel
+  exported = SentenceTransformer("EMB_ST", device="cpu").encode(texts, convert_to_numpy=True)
+  assert np.abs(exported - np.load("trained.npy")).max() < 1e-4
+
+
+def test_the_training_benchmark_runs_both_engines(tmp_path):
+  """bertjax.tools.embed_bench train on a tiny model: both engines train and give a rate."""
+  from bertjax.tools import embed_bench  # pylint: disable=import-outside-toplevel
+  assert embed_bench.main(["prepare", f"--dir={tmp_path}", "--sentences=40", "--size=tiny"]) == 0
+  for engine in ("bertjax", "sentence-transformers"):
+    assert embed_bench.train(str(tmp_path), engine, batch_size=4, steps=3) > 0

@@ -2,6 +2,8 @@
 
   python -m bertjax.tools.embed_bench prepare --dir=DIR [--sentences=10000] [--size=minilm]
   python -m bertjax.tools.embed_bench run --dir=DIR --engine=bertjax|sentence-transformers
+  python -m bertjax.tools.embed_bench train --dir=DIR --engine=bertjax|sentence-transformers
+      [--batch_size=32] [--steps=30]
   farm-bench --timeout 1800 -n 3 \
       --vs 'python -m bertjax.tools.embed_bench run --dir=DIR --engine=sentence-transformers' \
       -- python -m bertjax.tools.embed_bench run --dir=DIR --engine=bertjax
@@ -14,16 +16,26 @@ the speed does not depend on them). `run` embeds every sentence, in one process 
 loading included, batch 32 (sentence-transformers' default), and prints sentences a second; a
 whole-process timing of the two commands in turn (farm-bench) gives the ratio. Both run
 float32 on this machine's CPU.
+
+`train` trains MultipleNegativesRankingLoss on pairs of consecutive sentences (cosine times 20,
+AdamW at 2e-5, clipped at 1.0, no dropout, texts cut to 64 tokens) for --steps steps at
+--batch_size pairs, and prints the steps a second of the last third of them (the first steps
+compile): bertjax's contrastive task (`config.task=embeddings`) against sentence-transformers'
+loss in a torch loop, on the same model directory.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
+import tempfile
 import time
 
 import numpy as np
 
+from bertjax import tasks
+from bertjax.configs import embeddings
 from bertjax.data import sources
 from bertjax.embedding import embedder
 
@@ -83,6 +95,52 @@ def run(directory: str, engine: str) -> tuple[float, np.ndarray]:
   return len(texts) / seconds, vectors
 
 
+def train(directory: str, engine: str, batch_size: int, steps: int) -> float:
+  """Trains MNRL on DIR's sentences with `engine` (module docstring); prints and returns the
+  steady steps a second."""
+  with open(os.path.join(directory, "sentences.txt"), encoding="utf-8") as f:
+    texts = f.read().splitlines()
+  pairs = list(zip(texts[0::2], texts[1::2]))[:batch_size * steps]
+  model_dir, timed = os.path.join(directory, "model"), max(1, steps // 3)
+  if engine == "bertjax":
+    with tempfile.TemporaryDirectory() as work:
+      path = os.path.join(work, "pairs.tsv")
+      with open(path, "w", encoding="utf-8") as f:
+        f.write("".join(f"{a}\t{b}\n" for a, b in pairs))
+      config = embeddings.get_config()
+      config.init_checkpoint, config.data.train_file = model_dir, path
+      config.data.max_seq_length, config.data.eval_fraction = 64, 0.0
+      config.model.dropout_rate = config.model.attention_dropout_rate = 0.0
+      config.train.batch_size, config.train.num_train_steps = batch_size, steps
+      config.train.warmup_steps, config.train.log_every_steps = 0, timed
+      tasks.run(config, os.path.join(work, "run"))
+      with open(os.path.join(work, "run", "metrics.jsonl"), encoding="utf-8") as f:
+        last = [json.loads(line) for line in f if "examples_per_second" in line][-1]
+    rate = last["examples_per_second"] / batch_size
+  else:
+    import torch  # pylint: disable=import-outside-toplevel
+    from sentence_transformers import SentenceTransformer, losses  # pylint: disable=import-outside-toplevel
+    model = SentenceTransformer(model_dir, device="cpu")
+    model.max_seq_length = 64
+    model.eval()  # no dropout, as bertjax's run
+    optimizer = torch.optim.AdamW(model.parameters(), lr=2e-5, eps=1e-6, weight_decay=0.01)
+    loss_fn = losses.MultipleNegativesRankingLoss(model)
+    start = 0.0
+    for step in range(steps):
+      if step == steps - timed:
+        start = time.perf_counter()
+      batch = pairs[step * batch_size:(step + 1) * batch_size]
+      loss = loss_fn([model.tokenize([p[i] for p in batch]) for i in (0, 1)], None)
+      loss.backward()
+      torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+      optimizer.step()
+      optimizer.zero_grad()
+    rate = timed / (time.perf_counter() - start)
+  print(f"{engine}: MNRL, batch {batch_size} pairs, {rate:.2f} steps/s over the last "
+        f"{timed} of {steps} steps")
+  return rate
+
+
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(prog="python -m bertjax.tools.embed_bench",
                                    description=__doc__.split("\n")[0])
@@ -94,9 +152,16 @@ def main(argv: list[str] | None = None) -> int:
   timed = sub.add_parser("run", help="embed the sentences with one engine")
   timed.add_argument("--dir", required=True)
   timed.add_argument("--engine", choices=["bertjax", "sentence-transformers"], required=True)
+  trained = sub.add_parser("train", help="train MNRL on sentence pairs with one engine")
+  trained.add_argument("--dir", required=True)
+  trained.add_argument("--engine", choices=["bertjax", "sentence-transformers"], required=True)
+  trained.add_argument("--batch_size", type=int, default=32)
+  trained.add_argument("--steps", type=int, default=30)
   args = parser.parse_args(argv)
   if args.command == "prepare":
     prepare(args.dir, args.sentences, args.size)
+  elif args.command == "train":
+    train(args.dir, args.engine, args.batch_size, args.steps)
   else:
     run(args.dir, args.engine)
   return 0
