@@ -217,3 +217,33 @@ def test_the_readme_audit_command_runs_as_written():
   assert result.returncode == 0, result.stderr[-3000:]
   assert "mesh data=1 x fsdp=8 x tensor=1 (8 devices)" in result.stdout
   assert "all-reduce-scatter" in result.stdout and "all-to-all" not in result.stdout
+
+
+@pytest.mark.parametrize("chunk", [0, 16])
+def test_contrastive_training_exchanges_only_the_embeddings(tmp_path, random_bert, chunk):
+  """configs/embeddings.py on 8 devices, batch 64 (anchor, positive) rows of 32 tokens, a
+  random H64 model with mean pooling, whole or with GradCache chunks of 16: the negatives'
+  exchange is all-gathers of embeddings (the [64, 64] float32 of each column, a few times over:
+  forward and backward) and permutes of a few scores, under 8 columns' worth in all, beside the
+  gradient's all-reduce; no tokens or activations move."""
+  model = random_bert(tmp_path / "model", ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] +
+                      [f"w{i}" for i in range(60)])
+  out = tmp_path / "audit.json"
+  result = subprocess.run(
+      [sys.executable, "-m", "bertjax.tools.audit", "--config=configs/embeddings.py",
+       "--devices=8", f"--config.init_checkpoint={model}", "--config.embedding.pooling=mean",
+       "--config.data.max_seq_length=32", "--config.model.dropout_rate=0.0",
+       "--config.model.attention_dropout_rate=0.0",
+       f"--config.embedding.grad_cache_chunk={chunk}", f"--json={out}"],
+      cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True, text=True,
+      timeout=300, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  audit = json.loads(out.read_text())
+  params = audit["parameter_bytes"]
+  kinds = _kinds(audit["train"])
+  assert ("all-gather", ("data",)) in kinds and all(axes == ("data",) for _, axes in kinds)
+  embeddings = 64 * 64 * 4  # [batch, dim] float32, one column
+  exchanged = sum(row["nbytes"] for row in audit["train"]["collectives"]
+                  if row["kind"] != "all-reduce")  # gathers, and permutes of a few scores
+  assert embeddings <= _bytes(audit["train"], "all-gather") <= exchanged <= 8 * embeddings
+  assert params <= _bytes(audit["train"], "all-reduce") <= 1.7 * params + 8 * embeddings

@@ -192,60 +192,38 @@ def _retrieval_scores(held_out: list[tuple[str, ...]], embeddings: np.ndarray
   return {name: scores[name] for name in RETRIEVAL_METRICS}
 
 
-def make_task(config: run_config.EmbeddingsRun, workdir: str,
-              context: task_lib.RunContext) -> task_lib.Task:
-  """Reads the model and the texts and builds the trainer's Task (module docstring)."""
-  del workdir  # a contrastive run writes no task files of its own
-  _check(config, context)
-  model = load_embedder(config)
-  emb, data = config.embedding, config.data
+def prompts_of(config: run_config.EmbeddingsRun) -> list[str]:
+  """The prompt of each column: the query prompt for the anchors, the document prompt for the
+  rest (SimCSE: the query prompt for both copies, which must be alike)."""
+  data = config.data
+  return [data.query_prompt, data.query_prompt if data.simcse else data.document_prompt]
+
+
+def make_network(config: run_config.EmbeddingsRun, model: embedder_lib.Embedder
+                 ) -> BertForEmbedding:
+  """The model a run trains: `model`'s encoder with this run's dropout, dtype and attention
+  (config.model), its pooling and normalisation, the prompts' lengths where the pooling leaves
+  them out, SigLIP's parameters for the sigmoid loss."""
   try:
     bert_config = dataclasses.replace(model.config, **model_options.bert_overrides(config.model))
   except ValueError as e:
     raise UserError(f"bad model config: {e}".rstrip(".") + ". Check the config.model fields.") \
         from None
-  seq = model.max_seq_length
-  dims, weights = _matryoshka(config, model.dimension)
-  prompts = [data.query_prompt, data.document_prompt]
-  if data.simcse:
-    sentences = text_tuples.simcse_sentences(data.train_file)
-    tuples = [(s, s) for s in sentences if s.strip()]
-    prompts = [data.query_prompt, data.query_prompt]  # the two copies alike
-  else:
-    if not data.train_file:
-      raise UserError("set --config.data.train_file to a TSV or JSONL file of (anchor, "
-                      "positive[, negatives]) texts, or --config.data.simcse=true to train on "
-                      "plain text.")
-    tuples = text_tuples.read_tuples(data.train_file)
-  training, held_out = _split(config, tuples)
-  texts = len(training[0])
-  if held_out and len(held_out[0]) != texts:
-    raise UserError(f"data.eval_file's rows have {len(held_out[0])} texts and the training "
-                    f"rows {texts}; give both the same columns.")
   prompt_lengths = (() if model.recipe.include_prompt else
-                    tuple(_prompt_length(model, p) for p in prompts))
-  network = BertForEmbedding(bert_config, pooling=model.recipe.pooling,
-                             normalize=model.recipe.normalize, prompt_lengths=prompt_lengths,
-                             sigmoid=emb.loss == "sigmoid")
-  multiple = attention.SPLASH_MULTIPLE if config.model.attention == "splash" else 1
-  buckets = batching.length_buckets(data.length_buckets, seq, 0, multiple)
+                    tuple(_prompt_length(model, p) for p in prompts_of(config)))
+  return BertForEmbedding(bert_config, pooling=model.recipe.pooling,
+                          normalize=model.recipe.normalize, prompt_lengths=prompt_lengths,
+                          sigmoid=config.embedding.loss == "sigmoid")
 
-  def batches(features, training_set):
-    return finetuning.feature_batches(config, context, features, training=training_set,
-                                      buckets=buckets)
 
-  train_batches = batches(_encode(model, training, prompts, seq), True)
-  if data.sts_file:
-    sentences_a, sentences_b, gold = eval_files.read_sts(data.sts_file)
-    eval_features = _encode(model, list(zip(sentences_a, sentences_b)), [data.query_prompt],
-                            seq)
-    eval_features["sts_score"] = np.asarray(gold, np.float32)
-  elif held_out:
-    eval_features = _encode(model, held_out, prompts, seq)
-  else:
-    eval_features = None
-  eval_batches = batches(eval_features, False) if eval_features is not None else None
-  run_schedule, steps_per_epoch = finetuning.schedule(config.train, train_batches.num_examples)
+def objective(config: run_config.EmbeddingsRun, network: BertForEmbedding, texts: int,
+              dimension: int) -> tuple[Any, Any]:
+  """(the Task's terms, its gradient or None) of a contrastive run: the loss of each anchor
+  (column 0 of `texts`) against every candidate of the global batch, and the in-batch accuracy;
+  with embedding.grad_cache_chunk, the gradient GradCache computes (`task.Task.gradient`).
+  `dimension` is the embeddings' (for the Matryoshka dimensions' check)."""
+  emb = config.embedding
+  dims, weights = _matryoshka(config, dimension)
 
   def loss_per_anchor(outputs, batch):
     """[batch] loss of each anchor against the batch's candidates."""
@@ -280,7 +258,7 @@ def make_task(config: run_config.EmbeddingsRun, workdir: str,
       return heads.apply_to_batch(network, p, chunk, deterministic=False,
                                   rngs={"dropout": key})["embeddings"]
 
-    def objective(p, embeddings):
+    def mean_loss(p, embeddings):
       outputs = {"embeddings": embeddings}
       if network.sigmoid:
         outputs.update(log_scale=p["sigmoid_log_scale"], bias=p["sigmoid_bias"])
@@ -289,8 +267,57 @@ def make_task(config: run_config.EmbeddingsRun, workdir: str,
       return jnp.sum(values * weight) / jnp.maximum(jnp.sum(weight), 1e-5), batch_terms
 
     (_, batch_terms), grads = grad_cache.value_and_grad(
-        embed, objective, params, inputs, rng, emb.grad_cache_chunk, has_aux=True)
+        embed, mean_loss, params, inputs, rng, emb.grad_cache_chunk, has_aux=True)
     return batch_terms, grads
+
+  return terms, gradient if emb.grad_cache_chunk else None
+
+
+def make_task(config: run_config.EmbeddingsRun, workdir: str,
+              context: task_lib.RunContext) -> task_lib.Task:
+  """Reads the model and the texts and builds the trainer's Task (module docstring)."""
+  del workdir  # a contrastive run writes no task files of its own
+  _check(config, context)
+  model = load_embedder(config)
+  emb, data = config.embedding, config.data
+  network = make_network(config, model)
+  seq = model.max_seq_length
+  prompts = prompts_of(config)
+  if data.simcse:
+    sentences = text_tuples.simcse_sentences(data.train_file)
+    tuples = [(s, s) for s in sentences if s.strip()]
+  else:
+    if not data.train_file:
+      raise UserError("set --config.data.train_file to a TSV or JSONL file of (anchor, "
+                      "positive[, negatives]) texts, or --config.data.simcse=true to train on "
+                      "plain text.")
+    tuples = text_tuples.read_tuples(data.train_file)
+  training, held_out = _split(config, tuples)
+  texts = len(training[0])
+  if held_out and len(held_out[0]) != texts:
+    raise UserError(f"data.eval_file's rows have {len(held_out[0])} texts and the training "
+                    f"rows {texts}; give both the same columns.")
+  multiple = attention.SPLASH_MULTIPLE if config.model.attention == "splash" else 1
+  buckets = batching.length_buckets(data.length_buckets, seq, 0, multiple)
+
+  def batches(features, training_set):
+    return finetuning.feature_batches(config, context, features, training=training_set,
+                                      buckets=buckets)
+
+  train_batches = batches(_encode(model, training, prompts, seq), True)
+  if data.sts_file:
+    sentences_a, sentences_b, gold = eval_files.read_sts(data.sts_file)
+    eval_features = _encode(model, list(zip(sentences_a, sentences_b)), [data.query_prompt],
+                            seq)
+    eval_features["sts_score"] = np.asarray(gold, np.float32)
+  elif held_out:
+    eval_features = _encode(model, held_out, prompts, seq)
+  else:
+    eval_features = None
+  eval_batches = batches(eval_features, False) if eval_features is not None else None
+  run_schedule, steps_per_epoch = finetuning.schedule(config.train, train_batches.num_examples)
+
+  terms, gradient = objective(config, network, texts, model.dimension)
 
   def predict(outputs, batch):
     return {"embeddings": outputs["embeddings"]}
@@ -326,10 +353,10 @@ def make_task(config: run_config.EmbeddingsRun, workdir: str,
             itertools.islice(eval_batches.eval_batches(), finetuning.SAMPLED_EVAL_BATCHES)
             if eval_batches is not None else [])
 
-  files = {model_files.BERT_CONFIG_FILE: model_files.bert_config_json(bert_config),
+  files = {model_files.BERT_CONFIG_FILE: model_files.bert_config_json(network.config),
            **_tokenizer_files(model.recipe.transformer_dir),
            **st_export.module_files(
-               bert_config.hidden_size, model.recipe.pooling, normalize=model.recipe.normalize,
+               network.config.hidden_size, model.recipe.pooling, normalize=model.recipe.normalize,
                max_seq_length=seq, include_prompt=model.recipe.include_prompt,
                do_lower_case=model.recipe.do_lower_case,
                prompts={k: v for k, v in (("query", data.query_prompt),
@@ -346,7 +373,7 @@ def make_task(config: run_config.EmbeddingsRun, workdir: str,
                                samples=samples),
       schedule=run_schedule, predict=predict, score=score, files=files,
       main_metric=(STS_METRIC if data.sts_file else RETRIEVAL_METRIC if held_out else ""),
-      gradient=gradient if emb.grad_cache_chunk else None, init_params=init_params)
+      gradient=gradient, init_params=init_params)
 
 
 def run(config: run_config.EmbeddingsRun, workdir: str) -> dict[str, Any]:

@@ -1,7 +1,10 @@
-"""Audit of a pretraining config's steps on a mesh: what they communicate, multiply and hold.
+"""Audit of a pretraining or contrastive config's steps on a mesh: what they communicate,
+multiply and hold.
 
   python -m bertjax.tools.audit --config=configs/base.py --devices=8 \
       [--config.mesh.fsdp=8] [--config.mesh.tensor=2] [--config.KEY=VALUE ...] [--json=OUT.json]
+  python -m bertjax.tools.audit --config=configs/embeddings.py --devices=8 \
+      --config.init_checkpoint=MODEL --config.embedding.pooling=mean
 
 Compiles the trainer's own train and eval steps (`bertjax.training.steps.build`, as a run
 builds them) for the config's model, batch and mesh, on `--devices` simulated CPU devices (any
@@ -18,7 +21,10 @@ machine; without --devices, on the machine's own devices), runs nothing, and pri
 
 The batch is random, with the config's shapes (train.batch_size and eval_batch_size rows of
 data.max_seq_length tokens, data.max_predictions_per_seq predictions, two sequences a row when
-data.packing) and a vocabulary of data.vocab_size. On a CPU a program is compiled for the CPU:
+data.packing) and a vocabulary of data.vocab_size. A contrastive config (`configs/embeddings.py`)
+audits its model (`config.init_checkpoint`, read as its run reads it) on (anchor, positive)
+rows of data.max_seq_length tokens (0: the model's length): the exchange of negatives is an
+all-gather of the embeddings ([batch, dim] per column), beside the gradient's all-reduce. On a CPU a program is compiled for the CPU:
 the collectives are those its SPMD partitioning made, which is the same pass on every backend,
 though a GPU's or TPU's compiler may later fuse or reorder them.
 """
@@ -48,6 +54,7 @@ if __name__ == "__main__":
 # pylint: disable=wrong-import-position
 import jax
 import ml_collections
+import numpy as np
 from absl import flags
 from ml_collections import config_flags
 
@@ -55,7 +62,8 @@ from bertjax import main as bertjax_main
 from bertjax import run_config
 from bertjax.errors import UserError
 from bertjax.models import heads
-from bertjax.tasks import pretraining, pretraining_config
+from bertjax import tasks
+from bertjax.tasks import embeddings, pretraining, pretraining_config
 from bertjax.tools import bench, bench_measure, hlo
 from bertjax.training import parallel, steps
 from bertjax.training import task as task_lib
@@ -87,6 +95,29 @@ def _task(config: run_config.PretrainingRun) -> tuple[task_lib.Task, dict, dict]
   return task, make(tr.batch_size), make(tr.eval_batch_size)
 
 
+def _embedding_task(config: run_config.EmbeddingsRun) -> tuple[task_lib.Task, dict, dict]:
+  """The contrastive task of `config` (its model read, no data), and a random (anchor,
+  positive) train and eval batch of the config's shapes."""
+  model = embeddings.load_embedder(config)
+  network = embeddings.make_network(config, model)
+  terms, gradient = embeddings.objective(config, network, 2, model.dimension)
+  rng = np.random.default_rng(0)
+
+  def make(rows):
+    ids = rng.integers(1, network.config.vocab_size, (rows, 2, model.max_seq_length), np.int32)
+    return {"input_ids": ids, "input_mask": np.ones_like(ids),
+            "duplicate_ids": np.arange(rows, dtype=np.int32),
+            "example_weight": np.ones((rows,), np.float32)}
+
+  tr = config.train
+  steps_count = tr.num_train_steps if tr.num_train_steps > 0 else 1000
+  task = task_lib.Task(
+      model=network, terms=terms, batches=task_lib.Batches(train=lambda position: iter(())),
+      schedule=task_lib.Schedule(steps_count, max(tr.warmup_steps, 0), 100, 1000, 1000),
+      gradient=gradient)
+  return task, make(tr.batch_size), make(tr.eval_batch_size)
+
+
 def _report(lowered: Any, mesh: jax.sharding.Mesh) -> dict[str, Any]:
   """{collectives: hlo.summary rows, matmuls: {dtypes: count}, memory: bytes per device}."""
   compiled = lowered.compile()
@@ -95,16 +126,22 @@ def _report(lowered: Any, mesh: jax.sharding.Mesh) -> dict[str, Any]:
               memory=bench_measure.compiled_memory_bytes(compiled))
 
 
-def audit(config: ml_collections.ConfigDict | run_config.PretrainingRun) -> dict[str, Any]:
-  """Compiles `config`'s train and eval steps (a pretraining config, typed here where it is a
-  ConfigDict) on the config's mesh over jax's devices.
+def audit(config: ml_collections.ConfigDict | run_config.TrainingRun) -> dict[str, Any]:
+  """Compiles `config`'s train and eval steps (a pretraining or contrastive config, typed here
+  where it is a ConfigDict) on the config's mesh over jax's devices.
 
   Returns:
     {mesh: {axis: size}, devices, parameter_bytes, train: _report, eval: _report}.
   """
   if isinstance(config, ml_collections.ConfigDict):
-    config = run_config.typed(config, run_config.PretrainingRun)
-  task, train_batch, eval_batch = _task(config)
+    config = tasks.typed(config)
+  if isinstance(config, run_config.EmbeddingsRun):
+    task, train_batch, eval_batch = _embedding_task(config)
+  elif isinstance(config, run_config.PretrainingRun):
+    task, train_batch, eval_batch = _task(config)
+  else:
+    raise UserError(f"the audit takes a pretraining or a contrastive config, not "
+                    f"task={config.task!r}.")
   setup = steps.build(config, task, train_batch, steps.make_checked_mesh(config))
   on_mesh = lambda batch: jax.tree.map(
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
