@@ -292,8 +292,10 @@ def test_the_docs_commands_run_as_written(tmp_path, monkeypatch, small_model):
 
 
 def test_the_training_benchmark_runs_both_engines(tmp_path):
-  """bertjax.tools.embed_bench train on a tiny model: both engines train and give a rate."""
+  """bertjax.tools.embed_bench train on a tiny model: both engines train and give a rate, whole
+  and with GradCache (sentence-transformers' CachedMultipleNegativesRankingLoss)."""
   from bertjax.tools import embed_bench  # pylint: disable=import-outside-toplevel
   assert embed_bench.main(["prepare", f"--dir={tmp_path}", "--sentences=40", "--size=tiny"]) == 0
   for engine in ("bertjax", "sentence-transformers"):
     assert embed_bench.train(str(tmp_path), engine, batch_size=4, steps=3) > 0
+    assert embed_bench.train(str(tmp_path), engine, batch_size=4, steps=2, chunk=2) > 0

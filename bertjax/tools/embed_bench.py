@@ -3,7 +3,7 @@
   python -m bertjax.tools.embed_bench prepare --dir=DIR [--sentences=10000] [--size=minilm]
   python -m bertjax.tools.embed_bench run --dir=DIR --engine=bertjax|sentence-transformers
   python -m bertjax.tools.embed_bench train --dir=DIR --engine=bertjax|sentence-transformers
-      [--batch_size=32] [--steps=30]
+      [--batch_size=32] [--steps=30] [--grad_cache_chunk=0]
   farm-bench --timeout 1800 -n 3 \
       --vs 'python -m bertjax.tools.embed_bench run --dir=DIR --engine=sentence-transformers' \
       -- python -m bertjax.tools.embed_bench run --dir=DIR --engine=bertjax
@@ -95,9 +95,10 @@ def run(directory: str, engine: str) -> tuple[float, np.ndarray]:
   return len(texts) / seconds, vectors
 
 
-def train(directory: str, engine: str, batch_size: int, steps: int) -> float:
-  """Trains MNRL on DIR's sentences with `engine` (module docstring); prints and returns the
-  steady steps a second."""
+def train(directory: str, engine: str, batch_size: int, steps: int, chunk: int = 0) -> float:
+  """Trains MNRL on DIR's sentences with `engine` (module docstring), with GradCache chunks of
+  `chunk` pairs (sentence-transformers: CachedMultipleNegativesRankingLoss's mini-batches; 0:
+  none); prints and returns the steady steps a second."""
   with open(os.path.join(directory, "sentences.txt"), encoding="utf-8") as f:
     texts = f.read().splitlines()
   pairs = list(zip(texts[0::2], texts[1::2]))[:batch_size * steps]
@@ -113,6 +114,7 @@ def train(directory: str, engine: str, batch_size: int, steps: int) -> float:
       config.model.dropout_rate = config.model.attention_dropout_rate = 0.0
       config.train.batch_size, config.train.num_train_steps = batch_size, steps
       config.train.warmup_steps, config.train.log_every_steps = 0, timed
+      config.embedding.grad_cache_chunk = chunk
       tasks.run(config, os.path.join(work, "run"))
       with open(os.path.join(work, "run", "metrics.jsonl"), encoding="utf-8") as f:
         last = [json.loads(line) for line in f if "examples_per_second" in line][-1]
@@ -124,7 +126,8 @@ def train(directory: str, engine: str, batch_size: int, steps: int) -> float:
     model.max_seq_length = 64
     model.eval()  # no dropout, as bertjax's run
     optimizer = torch.optim.AdamW(model.parameters(), lr=2e-5, eps=1e-6, weight_decay=0.01)
-    loss_fn = losses.MultipleNegativesRankingLoss(model)
+    loss_fn = (losses.CachedMultipleNegativesRankingLoss(model, mini_batch_size=chunk)
+               if chunk else losses.MultipleNegativesRankingLoss(model))
     start = 0.0
     for step in range(steps):
       if step == steps - timed:
@@ -136,7 +139,8 @@ def train(directory: str, engine: str, batch_size: int, steps: int) -> float:
       optimizer.step()
       optimizer.zero_grad()
     rate = timed / (time.perf_counter() - start)
-  print(f"{engine}: MNRL, batch {batch_size} pairs, {rate:.2f} steps/s over the last "
+  cached = f", GradCache chunks of {chunk}" if chunk else ""
+  print(f"{engine}: MNRL, batch {batch_size} pairs{cached}, {rate:.2f} steps/s over the last "
         f"{timed} of {steps} steps")
   return rate
 
@@ -157,11 +161,13 @@ def main(argv: list[str] | None = None) -> int:
   trained.add_argument("--engine", choices=["bertjax", "sentence-transformers"], required=True)
   trained.add_argument("--batch_size", type=int, default=32)
   trained.add_argument("--steps", type=int, default=30)
+  trained.add_argument("--grad_cache_chunk", type=int, default=0,
+                       help="GradCache: pairs embedded at a time (0: the whole batch)")
   args = parser.parse_args(argv)
   if args.command == "prepare":
     prepare(args.dir, args.sentences, args.size)
   elif args.command == "train":
-    train(args.dir, args.engine, args.batch_size, args.steps)
+    train(args.dir, args.engine, args.batch_size, args.steps, args.grad_cache_chunk)
   else:
     run(args.dir, args.engine)
   return 0
