@@ -14,37 +14,14 @@ import warnings
 
 import numpy as np
 import pytest
-from tokenizers import Tokenizer, decoders, models as tok_models, pre_tokenizers, processors
-from tokenizers import trainers
 
 from bertjax import embed
 from bertjax.embedding import embedder
 
 from conftest import ROOT, cpu_env
-from convert_modernbert_helpers import SPECIALS, hf_model
-from embedding_helpers import WORDS, hf_bert_dir, sentence_transformer_dir
+from embedding_helpers import (TEXTS, WORDS, hf_bert_dir, modernbert_dir,
+                               sentence_transformer_dir)
 
-_rng = np.random.default_rng(0)
-TEXTS = [" ".join(_rng.choice(WORDS, size=n)) for n in (3, 1, 7, 12, 5, 40, 2, 9, 30, 4)]
-TEXTS[2] = TEXTS[2].upper()  # lower-cased by the tokenizer (do_lower_case)
-
-
-def _modernbert_dir(directory):
-  """A random 4-layer transformers ModernBertModel with a byte-level BPE tokenizer.json."""
-  hf_model("ModernBertModel").save_pretrained(directory)
-  tok = Tokenizer(tok_models.BPE(unk_token="[UNK]"))
-  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-  tok.decoder = decoders.ByteLevel()
-  tok.train_from_iterator(TEXTS * 5, trainers.BpeTrainer(vocab_size=100, special_tokens=SPECIALS,
-                                                         show_progress=False))
-  tok.post_processor = processors.TemplateProcessing(
-      single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 1), ("[SEP]", 2)])
-  tok.save(os.path.join(directory, "tokenizer.json"))
-  specials = {"cls_token": "[CLS]", "sep_token": "[SEP]", "pad_token": "[PAD]",
-              "mask_token": "[MASK]", "unk_token": "[UNK]"}
-  with open(os.path.join(directory, "tokenizer_config.json"), "w", encoding="utf-8") as f:
-    json.dump({"tokenizer_class": "PreTrainedTokenizerFast", **specials}, f)
-  return directory
 
 
 def _assert_equal_embeddings(ours, theirs):
@@ -61,7 +38,7 @@ def encoders(tmp_path_factory):
   with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     return {"bert": hf_bert_dir(str(root / "bert")),
-            "modernbert": _modernbert_dir(str(root / "modernbert"))}
+            "modernbert": modernbert_dir(str(root / "modernbert"))}
 
 
 @pytest.mark.parametrize("architecture, modes, options", [

@@ -22,7 +22,7 @@ from bertjax.embedding import embedder, evaluation, st_export
 from bertjax.errors import UserError
 
 from conftest import GLUE_VOCAB, ROOT, cpu_env, save_random_bert
-from embedding_helpers import WORDS, hf_bert_dir, sentence_transformer_dir
+from embedding_helpers import TEXTS, WORDS, hf_bert_dir, modernbert_dir, sentence_transformer_dir
 
 STEPS, BATCH, RATE, WARMUP = 6, 16, 2e-3, 2
 
@@ -207,6 +207,24 @@ def test_simcse_hard_negatives_sigmoid_matryoshka_and_prompts(tmp_path):
     assert json.load(f)["main_metric"] == "ndcg_at_10"
   loaded = embedder.Embedder.load(workdir)
   assert loaded.recipe.prompts == {"query": "query: ", "document": "passage: "}
+
+
+def test_modernbert_from_a_hugging_face_directory(tmp_path):
+  """A transformers ModernBERT directory (byte-level BPE tokenizer.json) trains with mean
+  pooling; its workdir embeds what the export embeds in sentence-transformers."""
+  encoder = modernbert_dir(str(tmp_path / "hf"))
+  rng = np.random.default_rng(4)
+  pairs = [(TEXTS[i % 10], " ".join(rng.choice(WORDS, size=4))) for i in range(24)]
+  config = _config(encoder, _write_tsv(tmp_path / "pairs.tsv", pairs), train__batch_size=8,
+                   train__num_train_steps=3, embedding__pooling="mean",
+                   data__eval_fraction=0.0, embedding__mask_duplicates=True)
+  workdir = str(tmp_path / "run")
+  tasks.run(config, workdir)
+  ours = embedder.Embedder.load(workdir).encode(TEXTS)
+  assert st_export.main([f"--src={workdir}", f"--dst={tmp_path / 'st'}"]) == 0
+  from sentence_transformers import SentenceTransformer  # pylint: disable=import-outside-toplevel
+  theirs = SentenceTransformer(str(tmp_path / "st"), device="cpu").encode(TEXTS)
+  assert np.abs(ours - theirs).max() < 1e-4
 
 
 @pytest.fixture(scope="module")
