@@ -2,7 +2,8 @@
 sentence-transformers: a run from a sentence-transformers directory follows its
 MultipleNegativesRankingLoss training step for step (the same weights, pairs, optimizer and
 schedule), ends with the same embeddings and held-out retrieval, and exports a directory
-sentence-transformers loads; on 8 simulated devices (negatives from every device), and with
+sentence-transformers loads; GradCache's loss and gradients equal its
+CachedMultipleNegativesRankingLoss's; on 8 simulated devices (negatives from every device), and with
 GradCache, the run equals one device's; SimCSE on the bundled corpus, hard negatives, SigLIP's
 loss, Matryoshka and prompts train; bad settings are refused in one line."""
 import json
@@ -317,3 +318,63 @@ def test_the_training_benchmark_runs_both_engines(tmp_path):
   for engine in ("bertjax", "sentence-transformers"):
     assert embed_bench.train(str(tmp_path), engine, batch_size=4, steps=3) > 0
     assert embed_bench.train(str(tmp_path), engine, batch_size=4, steps=2, chunk=2) > 0
+
+
+def test_grad_cache_equals_cached_multiple_negatives_ranking_loss(tmp_path):
+  """GradCache (chunks of 2 of a batch of 8, with a hard negative) against
+  sentence-transformers' CachedMultipleNegativesRankingLoss (mini-batches of 2) on the same
+  weights: the loss and the gradients of the word embeddings, a query kernel and the last
+  feed-forward output kernel within 1e-5."""
+  import jax  # pylint: disable=import-outside-toplevel
+  from sentence_transformers import SentenceTransformer, losses as st_losses  # pylint: disable=import-outside-toplevel
+  from bertjax.embedding import grad_cache, losses  # pylint: disable=import-outside-toplevel
+  from bertjax.embedding.model import BertForEmbedding  # pylint: disable=import-outside-toplevel
+  from bertjax.models import heads  # pylint: disable=import-outside-toplevel
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    sentence_transformer_dir(str(tmp_path / "st"), hf_bert_dir(str(tmp_path / "hf")),
+                             ["mean"], max_seq_length=16)
+  rng = np.random.default_rng(5)
+  rows = [(a, p, _pairs(rng, 1)[0][1]) for a, p in _pairs(rng, 8)]
+  model = SentenceTransformer(str(tmp_path / "st"), device="cpu")
+  model.eval()
+  loss_fn = st_losses.CachedMultipleNegativesRankingLoss(model, mini_batch_size=2)
+  theirs = loss_fn([model.tokenize([r[i] for r in rows]) for i in range(3)], None)
+  theirs.backward()
+  grads = {name.split("embeddings.", 1)[-1] if "word_embeddings" in name else
+           name[name.index("encoder."):] if "encoder." in name else name: p.grad
+           for name, p in model.named_parameters()}
+
+  ours_model = embedder.Embedder.load(str(tmp_path / "st"))
+  network = BertForEmbedding(ours_model.config, pooling=("mean",))
+  features = {"input_ids": [], "input_mask": []}
+  for row in rows:
+    encoded = [ours_model.tokenizer.encode(t) for t in row]
+    ids = np.zeros((3, 16), np.int32)
+    for j, tokens in enumerate(encoded):
+      ids[j, :len(tokens)] = tokens
+    features["input_ids"].append(ids)
+    features["input_mask"].append((ids > 0).astype(np.int32))
+  inputs = {k: np.stack(v) for k, v in features.items()}
+  encoder = {k: v for k, v in ours_model.weights["encoder"].items() if k != "pooler"}
+  params = {"bert": jax.tree.map(np.asarray, encoder)}
+
+  def embed(p, chunk, key):
+    return heads.apply_to_batch(network, p, chunk, deterministic=True)["embeddings"]
+
+  def mean_loss(_, e):
+    return losses.in_batch_softmax(e[:, 0], [e[:, 1], e[:, 2]])
+
+  value, ours = grad_cache.value_and_grad(embed, mean_loss, params, inputs,
+                                          jax.random.key(0), 2)
+  assert float(value) == pytest.approx(float(theirs.detach()), rel=1e-5)
+  bert = ours["bert"]
+  pairs = [(bert["embeddings"]["word_embeddings"]["embedding"][:100],
+            grads["word_embeddings.weight"]),
+           (bert["encoder"]["layer_0"]["attention"]["query"]["kernel"].T,
+            grads["encoder.layer.0.attention.self.query.weight"]),
+           (bert["encoder"]["layer_1"]["feed_forward"]["output"]["kernel"].T,
+            grads["encoder.layer.1.output.dense.weight"])]
+  for a, b in pairs:
+    np.testing.assert_allclose(np.asarray(a), b.numpy(), atol=1e-5)
+  assert max(float(np.abs(b.numpy()).max()) for _, b in pairs) > 1e-3  # real gradients
