@@ -76,14 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     if os.path.exists(args.output):
       raise UserError(f"--output={args.output} exists; name a new file (nothing is "
                       "overwritten).")
-    if args.normalize and not args.pooling:
-      raise UserError("--normalize goes with --pooling; a sentence-transformers model says "
-                      "itself whether it normalizes.")
     texts = read_texts(args.input, args.field)
-    modes = tuple(m.strip() for m in (args.pooling or "").split(",") if m.strip())
-    model = embedder_lib.Embedder.load(args.model, pooling_modes=modes,
-                                       normalize=args.normalize,
-                                       max_seq_length=args.max_seq_length)
+    model = embedder_lib.Embedder.from_flags(args.model, args.pooling, args.normalize,
+                                             args.max_seq_length)
     vectors = model.encode(texts, batch_size=args.batch_size, prompt=args.prompt,
                            prompt_name=args.prompt_name, progress=True,
                            dtype=np.dtype(args.dtype))

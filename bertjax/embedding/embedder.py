@@ -111,6 +111,20 @@ def _encoder_params(directory: str) -> tuple[dict[str, Any], BertConfig, str]:
   return params, config, directory
 
 
+def pooling_modes(text: str | None) -> tuple[str, ...]:
+  """Comma-separated pooling modes ("mean,max", a --pooling flag or config field) as a tuple;
+  () for none."""
+  return tuple(m.strip() for m in (text or "").split(",") if m.strip())
+
+
+def check_flags(pooling: str | None, normalize: bool) -> None:
+  """UserError for --normalize without --pooling (a sentence-transformers model says itself
+  whether it normalizes)."""
+  if normalize and not pooling:
+    raise UserError("--normalize goes with --pooling; a sentence-transformers model says "
+                    "itself whether it normalizes.")
+
+
 @dataclasses.dataclass(frozen=True)
 class Embedder:
   """A model that embeds texts (module docstring); build it with `Embedder.load`."""
@@ -171,6 +185,16 @@ class Embedder:
     weights = jax.device_put({"encoder": params, "dense": [(d.weight, d.bias)
                                                            for d in recipe.dense]}, replicated)
     return cls(config, weights, recipe, tokenizer, length, mesh)
+
+  @classmethod
+  def from_flags(cls, path: str, pooling: str | None, normalize: bool,
+                 max_seq_length: int = 0) -> "Embedder":
+    """`load` as the commands' --model, --pooling, --normalize and --max_seq_length flags give
+    it (`bertjax.embed`, `bertjax.embedding.evaluate`); UserError for flags that do not go
+    together (`check_flags`)."""
+    check_flags(pooling, normalize)
+    return cls.load(path, pooling_modes=pooling_modes(pooling), normalize=normalize,
+                    max_seq_length=max_seq_length)
 
   @property
   def _head(self) -> tuple[tuple[str, ...], tuple[str, ...], bool]:

@@ -58,9 +58,7 @@ def _check(args: argparse.Namespace) -> str:
     if os.path.exists(args.output):
       raise UserError(f"--output={args.output} exists; name a new file (nothing is "
                       "overwritten).")
-  if args.normalize and not args.pooling:
-    raise UserError("--normalize goes with --pooling; a sentence-transformers model says itself "
-                    "whether it normalizes.")
+  embedder_lib.check_flags(args.pooling, args.normalize)
   sides = [f for f in ("query_prompt", "document_prompt") if getattr(args, f) is not None]
   if sides and asked != ["retrieval"]:
     raise UserError(f"--{sides[0]} is for --retrieval; give --prompt for every text.")
@@ -81,9 +79,8 @@ def evaluate(args: argparse.Namespace) -> dict:
   else:
     data = eval_files.read_transfer(args.transfer)
     evaluation.check_folds(data[1], args.folds or 10)
-  modes = tuple(m.strip() for m in (args.pooling or "").split(",") if m.strip())
-  model = embedder_lib.Embedder.load(args.model, pooling_modes=modes, normalize=args.normalize,
-                                     max_seq_length=args.max_seq_length)
+  model = embedder_lib.Embedder.from_flags(args.model, args.pooling, args.normalize,
+                                           args.max_seq_length)
   common = {"prompt": args.prompt, "prompt_name": args.prompt_name}
 
   def encode(texts, **prompt):  # each distinct text once: copies tie exactly

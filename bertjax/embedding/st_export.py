@@ -23,7 +23,7 @@ import shutil
 import sys
 
 from bertjax.convert import __main__ as convert
-from bertjax.embedding import st_files
+from bertjax.embedding import embedder, st_files
 from bertjax.errors import UserError
 from bertjax.modeldir import model_files
 
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
                       help="tokens a text is cut to (0: the model's positions)")
   args = parser.parse_args(argv)
   try:
-    export(args.src, args.dst, tuple(m.strip() for m in args.pooling.split(",") if m.strip()),
+    export(args.src, args.dst, embedder.pooling_modes(args.pooling),
            args.normalize, args.max_seq_length)
   except UserError as e:
     print(f"st_export: error: {e}", file=sys.stderr)

@@ -100,7 +100,7 @@ def load_embedder(config: run_config.EmbeddingsRun) -> embedder_lib.Embedder:
   if not path:
     raise UserError("a contrastive run starts from a model: set --config.init_checkpoint to a "
                     "bertjax, Hugging Face or sentence-transformers model directory.")
-  modes = tuple(m.strip() for m in pooling.split(",") if m.strip())
+  modes = embedder_lib.pooling_modes(pooling)
   is_st = st_files.is_sentence_transformers_dir(path)
   if is_st and modes:
     raise UserError(f"{path} is a sentence-transformers model with its own pooling; leave "
