@@ -1,8 +1,8 @@
 """The README and the pages under docs/: every command of their ```bash blocks is one that a
 test runs or parses (COVERED says which); the commands that no other test runs run here as
-written: the short first run of docs/pretraining.md, feature extraction from a 2-layer model,
-and the conversions of docs/weights.md. Every page links back to the README, and the README
-links to every page."""
+written: the short first run of docs/pretraining.md (and docs/reliability.md's replay of its
+metrics), feature extraction from a 2-layer model, and the conversions of docs/weights.md.
+Every page links back to the README, and the README links to every page."""
 import json
 import os
 import re
@@ -29,6 +29,8 @@ COVERED = {
         "test_docs.py::test_the_short_first_run_runs_as_written",  # command 1, 50 steps
     ("README.md", "pytest -q -n 2 tests"): "test_docs.py::test_command_2_is_what_ci_runs",
     ("docs/pretraining.md", "--workdir=/tmp/bertjax_tiny_short"):
+        "test_docs.py::test_the_short_first_run_runs_as_written",
+    ("docs/reliability.md", "bertjax.tools.divergence_margins"):
         "test_docs.py::test_the_short_first_run_runs_as_written",
     ("docs/pretraining.md", "--output_dir=data_128_512"):
         "test_readme.py::test_pretraining_data_commands_run_as_written",
@@ -165,6 +167,17 @@ def test_the_short_first_run_runs_as_written(tmp_path):
   assert out.returncode == 0, out.stderr[-3000:]
   assert (workdir / "checkpoints" / "50").is_dir()
   assert (workdir / "eval_results.json").is_file() and (workdir / "bert_config.json").is_file()
+  # docs/reliability.md's replay of its metrics through the divergence guard's spike tests.
+  args = _command("docs/reliability.md", "bertjax.tools.divergence_margins")
+  assert args[:3] == ["python", "-m", "bertjax.tools.divergence_margins"]
+  args = [f"--workdir={workdir}" if a == "--workdir=/tmp/bertjax_tiny_short" else a
+          for a in args]
+  out = subprocess.run([sys.executable, *args[1:]], cwd=ROOT, env=ENV, capture_output=True,
+                       text=True, timeout=120, check=False)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "settings: window=200, loss_zscore=6" in out.stdout, out.stdout
+  assert "loss: 0 steps tested" in out.stdout  # 50 steps logged every 10: the window not full
+  assert "diverged: never" in out.stdout
 
 
 def test_feature_extraction_runs_as_written_on_a_two_layer_model(tmp_path, random_bert):

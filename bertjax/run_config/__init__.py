@@ -17,21 +17,23 @@ the paper's GLUE recipe), `EmbeddingsRun` (`embeddings`: contrastive sentence em
 `FeaturesRun` (`features`); the sections every training run has are `common`'s.
 """
 from bertjax.run_config.boundary import defaults, derived, typed
-from bertjax.run_config.common import Mesh, Train
+from bertjax.run_config.common import Divergence, Mesh, Train
 from bertjax.run_config.embeddings import (Contrastive, EmbeddingsData, EmbeddingsRun,
                                            EmbeddingsTrain)
 from bertjax.run_config.features import FeaturesRun
-from bertjax.run_config.finetuning import (FinetuningData, FinetuningModel, FinetuningRun,
-                                           FinetuningTrain, GlueData, GlueRun, NerData, NerRun,
-                                           SquadData, SquadRun, SwagData, SwagRun)
+from bertjax.run_config.finetuning import (FinetuningData, FinetuningDivergence,
+                                           FinetuningModel, FinetuningRun, FinetuningTrain,
+                                           GlueData, GlueRun, NerData, NerRun, SquadData,
+                                           SquadRun, SwagData, SwagRun)
 from bertjax.run_config.pretraining import (Objective, PretrainingData, PretrainingModel,
                                             PretrainingRun, PretrainingTrain)
 
-__all__ = ["Contrastive", "EmbeddingsData", "EmbeddingsRun", "EmbeddingsTrain", "FeaturesRun",
-           "FinetuningData", "FinetuningModel", "FinetuningRun", "FinetuningTrain", "GlueData",
-           "GlueRun", "Mesh", "NerData", "NerRun", "Objective", "PretrainingData",
-           "PretrainingModel", "PretrainingRun", "PretrainingTrain", "SquadData", "SquadRun",
-           "SwagData", "SwagRun", "Train", "TrainingRun", "defaults", "derived", "typed"]
+__all__ = ["Contrastive", "Divergence", "EmbeddingsData", "EmbeddingsRun", "EmbeddingsTrain",
+           "FeaturesRun", "FinetuningData", "FinetuningDivergence", "FinetuningModel",
+           "FinetuningRun", "FinetuningTrain", "GlueData", "GlueRun", "Mesh", "NerData", "NerRun",
+           "Objective", "PretrainingData", "PretrainingModel", "PretrainingRun", "PretrainingTrain",
+           "SquadData", "SquadRun", "SwagData", "SwagRun", "Train", "TrainingRun", "defaults",
+           "derived", "typed"]
 
 # What the trainer (`bertjax.training`) runs: a pretraining or a fine-tuning config (an
 # embedding run is a fine-tuning run).

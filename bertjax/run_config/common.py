@@ -1,10 +1,8 @@
-"""The sections every training run has: the mesh and the train section's shared fields (the
-optimizer, the schedule and the loop's intervals)."""
+"""The sections every training run has: the mesh, the train section's shared fields (the
+optimizer, the schedule and the loop's intervals) and the divergence guard."""
 from __future__ import annotations
 
 import dataclasses
-
-
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,3 +61,26 @@ class Train:
   def frozen(self) -> tuple[str, ...]:
     """frozen_params as names ("bert, classifier" -> ("bert", "classifier"))."""
     return tuple(name.strip() for name in self.frozen_params.split(",") if name.strip())
+
+
+@dataclasses.dataclass(frozen=True)
+class Divergence:
+  """config.divergence: what counts as a divergence and what the run then does
+  (`bertjax.training.divergence`). A step diverges when its loss or gradient norm is NaN or
+  infinite, or spikes: it passes every spike test that is on (0 = off) against the last
+  `window` steps checked, the median m and the robust deviation s = 1.4826 x their median
+  absolute deviation: value > m + zscore x s, and value > ratio x m. The defaults never fire on
+  the CPU demo or a healthy run of the fast recipe (docs/reliability.md gives the margins)."""
+  policy: str = "stop"  # stop: stop with a message naming the step (the paper recipes);
+  # rollback: restore the newest checkpoint, skip the batches from it through the spike (and
+  # skip_batches more), go on; after max_rollbacks, stop
+  window: int = 200  # steps the spike tests compare with; none is tested before it is full
+  loss_zscore: float = 6.0  # a loss spike: this many robust deviations above the median
+  loss_ratio: float = 1.25  # and this many times the median
+  grad_norm_zscore: float = 20.0  # a gradient-norm spike: the same tests on the global norm
+  grad_norm_ratio: float = 8.0  # (before clipping), its z-score and its ratio to the median
+  max_rollbacks: int = 3  # rollbacks in the whole run; the next divergence stops it
+  skip_batches: int = 0  # batches skipped beyond those the abandoned steps trained on
+  lr_factor: float = 1.0  # the learning rate times this after a rollback (the whole update,
+  # decoupled weight decay too)
+  lr_factor_steps: int = 0  # for this many steps from the checkpoint restored (0: none)

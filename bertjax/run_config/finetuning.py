@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from bertjax.run_config.common import Mesh, Train
+from bertjax.run_config.common import Divergence, Mesh, Train
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +58,17 @@ class FinetuningTrain(Train):
 
 
 @dataclasses.dataclass(frozen=True)
+class FinetuningDivergence(Divergence):
+  """Divergence, with the spike tests off (0): a fine-tuning loss falls toward 0, where one hard
+  batch is many times the median, so a healthy run would stop. NaN and infinity stop it (or,
+  with policy rollback, roll it back) as in pretraining; set the tests to watch for spikes."""
+  loss_zscore: float = 0.0
+  loss_ratio: float = 0.0
+  grad_norm_zscore: float = 0.0
+  grad_norm_ratio: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
 class FinetuningRun:
   """A fine-tuning run (`bertjax.tasks.finetuning`); a task's schema replaces `data`."""
   task: str = ""  # a name in bertjax.tasks.REGISTRY (each task's config sets it)
@@ -67,6 +78,7 @@ class FinetuningRun:
   data: FinetuningData = dataclasses.field(default_factory=FinetuningData)
   train: FinetuningTrain = dataclasses.field(default_factory=FinetuningTrain)
   mesh: Mesh = dataclasses.field(default_factory=Mesh)
+  divergence: FinetuningDivergence = dataclasses.field(default_factory=FinetuningDivergence)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,7 +7,7 @@ import dataclasses
 from typing import Any
 
 from bertjax.models.config import BertConfig
-from bertjax.run_config.common import Mesh, Train
+from bertjax.run_config.common import Divergence, Mesh, Train
 
 
 def _bert_default(name: str) -> Any:
@@ -133,3 +133,4 @@ class PretrainingRun:
   data: PretrainingData = dataclasses.field(default_factory=PretrainingData)
   train: PretrainingTrain = dataclasses.field(default_factory=PretrainingTrain)
   mesh: Mesh = dataclasses.field(default_factory=Mesh)
+  divergence: Divergence = dataclasses.field(default_factory=Divergence)

@@ -141,7 +141,8 @@ class _Phases:
     self._switch_step = switch_step  # 0 = one phase
     self._packed = packed
 
-  def iterate(self, position: dict | None) -> Iterator[tuple[dict, dict]]:
+  def _parse(self, position: dict | None) -> tuple[int, int, int]:
+    """(phase, batches served, examples) of `position` (None: the start), checked."""
     position = position or {"phase": 0, "batches": 0, "examples": 0, "packed": self._packed}
     if bool(position.get("packed", False)) != self._packed:
       was = bool(position.get("packed", False))
@@ -158,9 +159,17 @@ class _Phases:
       raise UserError(f"data position {position!r} is not {{'phase', 'batches', 'examples'}} of "
                       "this data: the checkpoint comes from another data pipeline. Start from a "
                       "fresh workdir.") from e
+    return phase, served, examples
+
+  def _switching(self, phase: int, served: int) -> bool:
+    """Whether the step after `served` ones is the long phase's first."""
+    return phase == 0 and bool(self._switch_step) and served == self._switch_step
+
+  def iterate(self, position: dict | None) -> Iterator[tuple[dict, dict]]:
+    phase, served, examples = self._parse(position)
     inner = self.phases[phase].iterate(examples)
     while True:
-      if phase == 0 and self._switch_step and served == self._switch_step:
+      if self._switching(phase, served):
         phase, inner = 1, self.phases[1].iterate(0)
         rows = self.phases[1].batch_size * self.phases[1].process_count
         print(f"after {served} steps (train.long_seq_from_step): sequences of "
@@ -170,6 +179,18 @@ class _Phases:
       served += 1
       yield batch, {"phase": phase, "batches": served, "examples": examples,
                     "packed": self._packed}
+
+  def skip(self, position: dict | None, count: int) -> dict:
+    """The position `count` batches further on in the stream of the phase the next step trains
+    in, its steps served unchanged, so that the long phase still starts at its step (a rollback
+    of the divergence guard)."""
+    phase, served, examples = self._parse(position)
+    if self._switching(phase, served):
+      phase, examples = 1, 0
+    inner = self.phases[phase].iterate(examples)
+    for _ in range(count):
+      _, examples = next(inner)
+    return {"phase": phase, "batches": served, "examples": examples, "packed": self._packed}
 
 
 def second_masking(data: run_config.PretrainingData) -> str:
@@ -268,12 +289,13 @@ def make_task(config: run_config.PretrainingRun, workdir: str,
         f"training examples{packed} ({rows // tr.batch_size} steps per epoch), {num_eval} "
         f"held-out examples, vocabulary {tok.vocab_size}, frequency baseline token "
         f"{tok.id_to_token(baseline_token)!r}")
+  stream = _Phases(phases, tr.long_seq_from_step if data.long_seq_length else 0,
+                   bool(data.packing))
   return task_lib.Task(
       model=heads.BertForPreTraining(bert_config, next_sentence=nsp),
       terms=make_terms(baseline_token, nsp, left_to_right, second_masking(data)),
       batches=task_lib.Batches(
-          train=_Phases(phases, tr.long_seq_from_step if data.long_seq_length else 0,
-                        bool(data.packing)).iterate,
+          train=stream.iterate, skip=stream.skip,
           eval=(held_out(data.max_seq_length, data.max_predictions_per_seq) if num_eval
                 else None),
           long_eval=long_eval if num_eval else None, long_eval_after_step=tr.long_seq_from_step),

@@ -2,7 +2,8 @@
 
 On-disk layout: orbax-checkpoint's `CheckpointManager`, one directory per step under
 WORKDIR/`bertjax.workdir.CHECKPOINTS_DIR`, each laid out as `bertjax.modeldir.layout` says (the
-train state, and the data position with the run's train.prng_impl).
+train state, and the data position with the run's train.prng_impl and the divergence guard's
+record, `bertjax.training.divergence`).
 
 The train state is the trainer's plain dict `{'step', 'params', 'opt_state', 'rng'}`; anything
 that is a pytree of arrays can be saved, but `bertjax.modeldir.saved_params.load_params` (which
@@ -31,7 +32,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any, Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -132,7 +133,8 @@ class Checkpoints:
     """Whether `save(step, ..., force=force)` would write a checkpoint."""
     return (force or step % self._save_every_steps == 0) and step not in self._manager.all_steps()
 
-  def save(self, step: int, state: Any, data_position: Any, *, force: bool = False) -> bool:
+  def save(self, step: int, state: Any, data_position: Any, *, force: bool = False,
+           guard: Any = None) -> bool:
     """Saves `state` and `data_position` as `step` when due (or when `force`).
 
     Args:
@@ -141,6 +143,8 @@ class Checkpoints:
       data_position: JSON-serialisable value (dict, None, ...) that resumes the data pipeline.
       force: save even if `step` is not a multiple of `save_every_steps` (end of run,
         preemption). A step that is already saved is never overwritten.
+      guard: JSON-serialisable record of the divergence guard (`guard_record` reads it back);
+        None: none.
     Returns:
       whether a save was started.
     Raises:
@@ -154,6 +158,8 @@ class Checkpoints:
     recorded = {"data_position": data_position}
     if self._prng_impl is not None:
       recorded["prng_impl"] = self._prng_impl
+    if guard is not None:
+      recorded["guard"] = guard
     try:
       started = self._manager.save(
           step, force=True, args=ocp.args.Composite(**{
@@ -263,6 +269,12 @@ class Checkpoints:
     finally:
       handler.close()
     return state, position["data_position"]
+
+  def guard_record(self, step: int) -> Any:
+    """The divergence guard's record saved with `step` (None: none, or one that predates it)."""
+    with checkpoint_faults.reading():
+      recorded = ocp.JsonCheckpointHandler().restore(self._step_dir(step) / layout.DATA_ITEM)
+    return recorded.get("guard")
 
   def _check_prng_impl(self, saved: str, step: int) -> None:
     """UserError if the checkpoint at `step` was saved with another train.prng_impl than this

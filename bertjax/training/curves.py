@@ -7,7 +7,10 @@ of every evaluation as marked points. The right panel is the task's main metric
 (`bertjax.training.task.Task.main_metric`, recorded in eval_results.json: held-out MLM accuracy
 for pretraining, the dev metric the paper reports for a fine-tuning task), each evaluation a
 marked point, with the same metric on the training batches as a line where the task logs it
-there too (accuracies).
+there too (accuracies). Each rollback of the divergence guard (a "rollback" line of
+metrics.jsonl) is a red x at the step and loss that diverged, on a dotted line down the loss
+panel: the run went on from an earlier checkpoint, and the steps after that checkpoint are
+those it trained again.
 
 The run's reports (`bertjax.training.reports`) redraw the file after each evaluation and at the
 end of a run (host 0 only), so it always shows the run so far; a resumed run's metrics.jsonl
@@ -92,6 +95,13 @@ def panels(records: Sequence[dict[str, Any]], main_metric: str
   return [s for s in loss if s.steps], [s for s in metric if s.steps]
 
 
+def rollbacks(records: Sequence[dict[str, Any]]) -> list[tuple[int, float]]:
+  """(step, loss) of each rollback line of metrics.jsonl, in step order (a non-finite loss as
+  NaN, which no point shows)."""
+  return [(r["step"], float(r.get("loss", float("nan")))) for r in records
+          if r.get("split") == "rollback"]
+
+
 def figure(records: Sequence[dict[str, Any]], main_metric: str, title: str = ""):
   """A matplotlib Figure of `panels` (two axes: the loss, the main metric), not yet saved."""
   # Imported here: matplotlib is heavy and needed only to draw.
@@ -108,6 +118,11 @@ def figure(records: Sequence[dict[str, Any]], main_metric: str, title: str = "")
         axes.plot(s.steps, s.values, marker="o", linestyle="--", label=s.label)
       else:  # small dots too, so that a single logged step shows
         axes.plot(s.steps, s.values, marker=".", markersize=3, linewidth=1, label=s.label)
+    if axes is loss_panel:
+      for i, (step, loss) in enumerate(rollbacks(records)):
+        label = "rollback (divergence)" if i == 0 else None
+        axes.axvline(step, color="red", linestyle=":", linewidth=1)
+        axes.plot([step], [loss], marker="x", color="red", linestyle="none", label=label)
     axes.set_xlabel("step")
     axes.set_ylabel(ylabel)
     axes.grid(alpha=0.3)

@@ -4,7 +4,10 @@ The loop (`bertjax.training.train`) hands `Reports` each finished step (its clu 
 batch) and each evaluation's metrics; `Reports` alone writes the run's reports in WORKDIR (names
 in `bertjax.workdir`), from host 0 only:
   metrics.jsonl      every logged training step and every evaluation, one line each, {"step": N,
-                     "split": "train" or "eval", name: value, ...};
+                     "split": "train" or "eval", name: value, ...}, and every rollback of the
+                     divergence guard, {"step": N (the divergence's), "split": "rollback",
+                     "signal", "loss", "grad_norm", "param_norm", "restored_step",
+                     "skipped_batches", "data_position"};
   tensorboard/       the same, one scalar per name as "train/NAME" or "eval/NAME";
   eval_results.json  the last evaluation, {"step": N, name: value, ..., "main_metric": NAME};
   curves.png         drawn after each evaluation and at the end of a run
@@ -25,7 +28,9 @@ which bertjax does not install.
 A resumed run logs each step once: at the start, host 0 cuts metrics.jsonl back to the
 restored step (rewritten whole, then renamed over the old file, so a crash leaves one or the
 other), dropping what a crashed run logged after its last checkpoint, and TensorBoard is told
-to purge events past that step (tensorboardX's purge_step).
+to purge events past that step (tensorboardX's purge_step). A rollback (`rewind`) does the same
+but keeps the rollbacks' lines: the steps it abandoned are logged again as the run retrains
+them, and the rollback stays where it happened.
 """
 from __future__ import annotations
 
@@ -75,10 +80,10 @@ def examples_in(batch: Batch) -> int:
   return int(np.count_nonzero(weights))
 
 
-def keep_steps_up_to(path: epath.Path, step: int) -> None:
-  """Rewrites the metrics file `path` with only its lines of steps <= `step`, atomically (a
-  temporary file renamed over it); a line cut short by a crash is dropped too. No file, or
-  nothing to drop: left as it is."""
+def keep_steps_up_to(path: epath.Path, step: int, keep_splits: tuple[str, ...] = ()) -> None:
+  """Rewrites the metrics file `path` with only its lines of steps <= `step` and those of
+  `keep_splits`, atomically (a temporary file renamed over it); a line cut short by a crash is
+  dropped too. No file, or nothing to drop: left as it is."""
   if not path.exists():
     return
   text = path.read_text()
@@ -89,7 +94,8 @@ def keep_steps_up_to(path: epath.Path, step: int) -> None:
       record = json.loads(line)
     except ValueError:
       continue
-    if isinstance(record, dict) and record.get("step", 0) <= step:
+    if isinstance(record, dict) and (record.get("step", 0) <= step
+                                     or record.get("split") in keep_splits):
       kept.append(line)
   if kept == lines and text.endswith("\n") or not text:
     return
@@ -122,17 +128,39 @@ class Reports:
     self._peak = flops.peak_flops(devices[0].device_kind, dtype)
     self._writing = jax.process_index() == 0
     self._drawn_step = start_step  # the last step curves.png shows
+    self._closed = True
+    self._open(start_step)
+
+  def _open(self, step: int, keep_splits: tuple[str, ...] = ()) -> None:
+    """Opens the reports at `step`: what was logged after it (but `keep_splits`' lines) dropped,
+    nothing pending."""
     if self._writing:
       SummaryWriter = summary_writer_class()  # pylint: disable=invalid-name
-      keep_steps_up_to(workdir / METRICS_FILE, start_step)
+      keep_steps_up_to(self._workdir / METRICS_FILE, step, keep_splits)
       # Events of later steps, from a run that crashed after its last checkpoint, are hidden.
-      purge = start_step + 1 if (workdir / TENSORBOARD_DIR).exists() else None
-      self._file = (workdir / METRICS_FILE).open("a")
-      self._tensorboard = SummaryWriter(str(workdir / TENSORBOARD_DIR), purge_step=purge)
+      purge = step + 1 if (self._workdir / TENSORBOARD_DIR).exists() else None
+      self._file = (self._workdir / METRICS_FILE).open("a")
+      self._tensorboard = SummaryWriter(str(self._workdir / TENSORBOARD_DIR), purge_step=purge)
     self._closed = False
     self._pending: list[Any] = []
     self._examples = self._tokens = self._flops = 0
+    self._drawn_step = min(self._drawn_step, step)
     self.restart_clock()
+
+  def rewind(self, step: int, rollback: Mapping[str, Any]) -> None:
+    """A rollback of the divergence guard to the checkpoint of `step`: the steps added since
+    the last log and the lines logged after `step` go (earlier rollbacks' stay), then
+    `rollback` (`divergence.Guard.rolled_back`'s entry) is written and curves.png redrawn."""
+    self.close()
+    self._open(step, keep_splits=("rollback",))
+    if self._writing:
+      self._file.write(json.dumps({"step": rollback["step"], "split": "rollback",
+                                   **rollback}) + "\n")
+      self._file.flush()
+      self._tensorboard.add_scalar("rollback/restored_step", rollback["restored_step"],
+                                   rollback["step"])
+      self._tensorboard.flush()
+      curves.draw(self._workdir, self._main_metric)
 
   def restart_clock(self) -> None:
     """Starts the throughput interval afresh (after an evaluation, which is not training)."""

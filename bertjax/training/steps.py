@@ -94,8 +94,13 @@ def rate_changes(train: run_config.Train) -> tuple[schedules.RateChange, ...]:
 
 def make_train_step(task: task_lib.Task, tx: optax.GradientTransformation,
                     schedule: optax.Schedule, grad_accum_steps: int = 1,
-                    prng: str = "threefry"):
+                    prng: str = "threefry", lr_factor: float = 1.0):
   """Returns the pure `train_step(state, batch) -> (state, clu Collection of metrics)`.
+
+  `lr_factor` multiplies the optimizer's update, as a learning rate that many times the
+  schedule's would (the rate multiplies the whole update in each of bertjax's optimizers,
+  decoupled weight decay included): the divergence guard's factor after a rollback
+  (`bertjax.training.divergence`); the logged learning_rate is multiplied too.
 
   The dropout key of a step is folded from the state's rng (key data of the PRNG `prng`, a
   PRNG_IMPLS name) and the step number, so a resumed run draws the same dropout masks as an
@@ -155,9 +160,11 @@ def make_train_step(task: task_lib.Task, tx: optax.GradientTransformation,
           accumulate, zeros, (jnp.arange(grad_accum_steps), micro))
 
     updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+    if lr_factor != 1.0:
+      updates = jax.tree.map(lambda update: update * lr_factor, updates)
     params = optax.apply_updates(state["params"], updates)
-    # Both norms are logged, and watched by the NaN guard (divergence.py), every step. The
-    # gradient's is the clip's own (XLA computes it once: the metric adds nothing to the
+    # Both norms are logged, and watched by the divergence guard (divergence.py), every step.
+    # The gradient's is the clip's own (XLA computes it once: the metric adds nothing to the
     # compiled step); the parameters' is one read of them (BERT-base: 440 MB, 0.1% of the bytes
     # XLA counts in a 256 x 128 bfloat16 step), kept: skipping it on unlogged steps would take
     # a second compiled step, or a lax.cond, whose predicate XLA's GPU runtime may read on the
@@ -167,7 +174,7 @@ def make_train_step(task: task_lib.Task, tx: optax.GradientTransformation,
       scalars["loss"] = loss
     metrics = clu_metrics.Collection.create_collection(
         **averages, **{k: clu_metrics.Average.from_model_output(v) for k, v in scalars.items()},
-        learning_rate=clu_metrics.LastValue.from_model_output(schedule(state["step"])))
+        learning_rate=clu_metrics.LastValue.from_model_output(schedule(state["step"]) * lr_factor))
     new_state = dict(state, step=state["step"] + 1, params=params, opt_state=opt_state)
     return new_state, metrics
 
@@ -206,6 +213,9 @@ class Setup:
   train_step: Callable[[TrainState, Any], tuple[TrainState, Any]]
   eval_step: Callable[[Params, Any], tuple[Any, dict]]
   predict_step: Callable[[Params, Any], tuple[Any, dict]]  # eval_step without the terms
+  # lr_factor -> train_step with the learning rate that many times the schedule's, jitted (and
+  # compiled at its first call) once per factor: the divergence guard's after a rollback
+  train_step_at_lr_factor: Callable[[float], Callable[[TrainState, Any], tuple[TrainState, Any]]]
 
 
 def make_checked_mesh(config: run_config.TrainingRun,
@@ -285,10 +295,15 @@ def build(config: run_config.TrainingRun, task: task_lib.Task, init_batch: task_
       lambda shape, sharding: jax.ShapeDtypeStruct(shape.shape, shape.dtype, sharding=sharding),
       jax.eval_shape(init_state), state_sharding)
   batch_sharding = parallel.batch_sharding(mesh)
-  train_step = jax.jit(
-      under_mesh(mesh, make_train_step(task, tx, schedule, config.train.grad_accum_steps, prng)),
-      in_shardings=(state_sharding, batch_sharding),
-      out_shardings=(state_sharding, parallel.replicated(mesh)), donate_argnums=0)
+
+  @functools.cache
+  def train_step_at_lr_factor(lr_factor: float):
+    return jax.jit(
+        under_mesh(mesh, make_train_step(task, tx, schedule, config.train.grad_accum_steps, prng,
+                                         lr_factor)),
+        in_shardings=(state_sharding, batch_sharding),
+        out_shardings=(state_sharding, parallel.replicated(mesh)), donate_argnums=0)
+
   # Replicated outputs: every host gets the metrics and predictions of the whole global batch.
   eval_step, predict_step = (
       jax.jit(under_mesh(mesh, make_eval_step(task, with_terms=with_terms)),
@@ -296,7 +311,8 @@ def build(config: run_config.TrainingRun, task: task_lib.Task, init_batch: task_
               out_shardings=parallel.replicated(mesh)) for with_terms in (True, False))
   return Setup(mesh=mesh, abstract_state=abstract_state,
                init_state=lambda: compile_init()(), compile_init=compile_init,
-               train_step=train_step, eval_step=eval_step, predict_step=predict_step)
+               train_step=train_step_at_lr_factor(1.0), eval_step=eval_step,
+               predict_step=predict_step, train_step_at_lr_factor=train_step_at_lr_factor)
 
 
 def _real_rows(outputs: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:

@@ -84,6 +84,10 @@ class Batches:
     long_eval, long_eval_after_step: the held-out batches of a long sequence-length phase that
       evaluates at its own length, read by evaluations after a step beyond
       long_eval_after_step (`eval_at`); None: `eval` always.
+    skip: (data position, count) -> the position `count` batches further on, for a rollback
+      that skips them (`bertjax.training.divergence`) where drawing them through `train` would
+      not do (a stream whose phases follow the steps it served); None: the trainer draws and
+      drops them.
   """
   train: Callable[[dict | None], Iterator[tuple[Batch, dict]]]
   eval: Callable[[], Iterable[Batch]] | None = None
@@ -91,6 +95,7 @@ class Batches:
   samples: Callable[[], tuple[Iterable[Batch], Iterable[Batch]]] | None = None
   long_eval: Callable[[], Iterable[Batch]] | None = None
   long_eval_after_step: int = 0
+  skip: Callable[[dict | None, int], dict] | None = None
 
   def eval_at(self, step: int) -> Callable[[], Iterable[Batch]] | None:
     """The held-out batches an evaluation after `step` reads: `long_eval` (a run's long

@@ -6,7 +6,8 @@ and this process's place: the `RunContext` it makes its `Task` with) and then
 `train_and_evaluate`, which runs the `Task` (`bertjax.training.task`) with the trainer's
 services: the jitted steps over the mesh (`bertjax.training.steps`), checkpoints
 (`bertjax.training.checkpoint`), an agreed stop on SIGTERM or SIGINT
-(`bertjax.training.preemption`), the NaN guard (`bertjax.training.divergence`), and the run's
+(`bertjax.training.preemption`), the divergence guard (`bertjax.training.divergence`: stop, or
+roll back to the newest checkpoint and skip the batches that led to the divergence), and the run's
 reports (`bertjax.training.reports`: progress bar aside, metrics.jsonl, TensorBoard,
 eval_results.json, curves.png). It writes WORKDIR/config.json and the task's files at the start
 and, after the last step, the task's prediction files.
@@ -134,10 +135,15 @@ def train_and_evaluate(config: run_config.TrainingRun, workdir: str, task: task_
   """Trains `task` (made with `context`) to its schedule's last step, evaluating and
   checkpointing on the way; `config` is the typed run config (`bertjax.run_config`).
 
-  A loss, gradient norm or parameter norm that becomes NaN or infinite stops the run with a
-  UserError naming the step; it is checked at every log, eval and checkpoint step (a divergence
-  at step k stops it by the next of these), and always before a checkpoint is written, so no
-  checkpoint ever holds a step from after it and none of the earlier ones is rotated out.
+  Every log, eval and checkpoint step checks the steps since the last check for a divergence
+  (a loss, gradient norm or parameter norm that is NaN or infinite, or a loss or gradient-norm
+  spike: `bertjax.training.divergence`), always before a checkpoint is written, so no
+  checkpoint ever holds a step from after one and the newest is always from before it. Under
+  config.divergence.policy=stop it stops the run with a UserError naming the step; under
+  rollback the run restores the newest checkpoint, skips the batches that the abandoned steps
+  trained on (and divergence.skip_batches more), logs the rollback and goes on, up to
+  divergence.max_rollbacks times. A run with the rollback policy and no checkpoint yet first
+  saves its start as step 0, to return to.
 
   Returns the last evaluation's metrics (empty without held-out data). Checks every input that
   can be wrong (shapes, batch sizes, an incompatible checkpoint or data position) before writing
@@ -145,6 +151,8 @@ def train_and_evaluate(config: run_config.TrainingRun, workdir: str, task: task_
   """
   workdir = epath.Path(workdir)
   schedule = task.schedule
+  divergence.check_config(config.divergence, schedule.num_train_steps,
+                          schedule.checkpoint_every_steps)
   # The config as run: its train section with the task's steps and intervals (a fine-tuning
   # config leaves them at -1 until its data is read), as config.json and messages show them.
   config = dataclasses.replace(config, train=dataclasses.replace(
@@ -168,6 +176,8 @@ def train_and_evaluate(config: run_config.TrainingRun, workdir: str, task: task_
                                       getattr(task.model.config, "vocab_size", None),
                                       task.init_params)
     start_step = int(state["step"])
+    guard = divergence.Guard(config.divergence, start_step and checkpoints.guard_record(
+        start_step), start_step)
     total = schedule.num_train_steps
     # Where this process stops: the end of the run, or earlier for a time-boxed job.
     stop = total if tr.stop_after_steps < 0 else min(total, tr.stop_after_steps)
@@ -198,37 +208,73 @@ def train_and_evaluate(config: run_config.TrainingRun, workdir: str, task: task_
         total=total, initial=start_step, desc="train", unit="step",
         disable=jax.process_index() != 0, dynamic_ncols=True, mininterval=1.0))
     step = start_step
-    unchecked: list[tuple[int, Any]] = []  # (step, metrics) not yet checked for NaN / Inf
+    unchecked: list[tuple[int, Any]] = []  # (step, metrics) not yet checked for a divergence
 
-    def check_finite() -> None:
-      """Stops the run (UserError) if a step since the last check was not finite, after the
-      saves already started (all from before it) are written."""
-      diverged = divergence.first_nonfinite(unchecked) if unchecked else None
+    def check() -> dict[str, Any] | None:
+      """Checks the steps since the last check; after a divergence, rolls back (returns the
+      rollback's entry) or stops the run (UserError), after the saves already started (all from
+      before it) are written."""
+      nonlocal state, position, batches, step
+      diverged = guard.check(unchecked)
       unchecked.clear()
-      if diverged is not None:
+      if diverged is None:
+        return None
+      if not guard.can_roll_back():
         bar.close()
         checkpoints.close()
-        raise UserError(divergence.divergence_message(*diverged, tr, checkpoints.all_steps(),
-                                                      checkpoints.directory))
+        raise UserError(divergence.message(diverged, tr, guard, checkpoints.all_steps(),
+                                           checkpoints.directory))
+      checkpoints.wait()
+      restored_step = checkpoints.latest_step()
+      state = None  # its buffers go before the checkpoint's are read
+      state, position = checkpoints.restore(setup.abstract_state, restored_step)
+      skipped = guard.batches_to_skip(diverged, restored_step)
+      if task.batches.skip is not None:
+        position = task.batches.skip(position, skipped)
+      else:
+        batches = task.batches.train(position)
+        for _ in range(skipped):
+          _, position = next(batches)
+      batches = task.batches.train(position)
+      entry = guard.rolled_back(diverged, restored_step, checkpoints.guard_record(restored_step),
+                                skipped, position)
+      step = restored_step
+      log.rewind(step, entry)
+      bar.reset(total)
+      bar.update(step)
+      tqdm.tqdm.write(guard.rollback_line(entry))
+      return entry
 
+    if guard.config.policy == "rollback" and checkpoints.latest_step() is None:
+      # A start to return to.
+      checkpoints.save(0, state, position, force=True, guard=guard.record())
     while step < stop:
       batch, position = next(batches)
-      state, metrics = setup.train_step(state, parallel.global_batch(batch, setup.mesh))
+      factor = guard.lr_factor(step)
+      train_step = setup.train_step if factor == 1.0 else setup.train_step_at_lr_factor(factor)
+      state, metrics = train_step(state, parallel.global_batch(batch, setup.mesh))
       log.add(metrics, batch)
       step += 1
       unchecked.append((step, metrics))
       bar.update(1)
-      if step % schedule.log_every_steps == 0 or step == total:
-        check_finite()
+      logging = step % schedule.log_every_steps == 0 or step == total
+      evaluating = step % schedule.eval_every_steps == 0 or step == total
+      stopping = stop_signal.should_stop(step)
+      saving = checkpoints.due(step, force=step == stop or stopping)
+      if (logging or evaluating or saving) and check() is not None:
+        if stopping:  # the checkpoint rolled back to is this stop's: a rerun goes on from it
+          tqdm.tqdm.write(f"{stop_signal.received or 'SIGTERM or SIGINT on some host'}: "
+                          f"stopped at the checkpoint of step {step} just rolled back to; rerun "
+                          "the same command to resume.")
+          break
+        continue
+      if logging:
         bar.set_postfix(log.write_train(step), refresh=False)
-      if step % schedule.eval_every_steps == 0 or step == total:
-        check_finite()
+      if evaluating:
         eval_metrics = run_eval(step)
         log.restart_clock()
-      stopping = stop_signal.should_stop(step)
-      if checkpoints.due(step, force=step == stop or stopping):
-        check_finite()
-      checkpoints.save(step, state, position, force=step == stop or stopping)
+      checkpoints.save(step, state, position, force=step == stop or stopping,
+                       guard=guard.record() if saving else None)
       if stopping:
         tqdm.tqdm.write(f"{stop_signal.received or 'SIGTERM or SIGINT on some host'}: saved a "
                         f"checkpoint at step {step}; rerun the same command to resume.")
