@@ -51,6 +51,7 @@ from bertjax.models.config import BertConfig, bert_config
 COSTS = {
     "test_pretraining.py": 250,
     "test_multihost.py": 139,
+    "test_divergence.py": 135,
     "test_transfer_study.py": 136,
     "test_modernbert_paths.py": 110,
     "test_modernbert_finetuning.py": 108,
