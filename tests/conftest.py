@@ -51,8 +51,8 @@ from bertjax.models.config import BertConfig, bert_config
 COSTS = {
     "test_pretraining.py": 250,
     "test_multihost.py": 139,
-    "test_divergence.py": 135,
     "test_transfer_study.py": 136,
+    "test_divergence.py": 135,
     "test_modernbert_paths.py": 110,
     "test_modernbert_finetuning.py": 108,
     "test_colab.py": 101,
@@ -85,6 +85,7 @@ COSTS = {
     "test_finetuning.py": 24,
     "test_finetune_bench.py": 23,
     "test_packing.py": 22,
+    "test_ab.py": 22,
     "test_distributed.py": 20,
     "test_features.py": 20,
     "test_swag.py": 18,

@@ -71,11 +71,15 @@ COVERED = {
     ("docs/accelerators.md", "--config=configs/large.py"): PARSE,
     ("docs/accelerators.md", "bertjax.tools.audit"):
         "test_audit.py::test_the_readme_audit_command_runs_as_written",
+    ("docs/accelerators.md", "accelerator_report --wheels=.gpu/wheels --ab"):
+        "test_ab.py::test_the_docs_commands_run_as_written",
+    ("docs/accelerators.md", "bertjax.tools.ab --smoke"):
+        "test_ab.py::test_the_docs_commands_run_as_written",
     ("docs/accelerators.md", "accelerator_report --smoke"):
         "test_accelerator_report.py::test_readme_smoke_command_runs_as_written",
     ("docs/accelerators.md", "accelerator_report --download_wheels"):
         "test_accelerator_report.py::test_readme_offline_commands_parse",
-    ("docs/accelerators.md", "accelerator_report --wheels"):
+    ("docs/accelerators.md", "accelerator_report --wheels=.gpu/wheels --json"):
         "test_accelerator_report.py::test_readme_offline_commands_parse",
     ("docs/weights.md", "--src=bert-base-uncased"):
         "test_docs.py::test_the_weights_commands_run_as_written",

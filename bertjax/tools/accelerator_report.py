@@ -5,6 +5,7 @@ seq 128 and BERT-large at seq 512.
   python -m bertjax.tools.accelerator_report [--budget_s=500] [--rows=LABEL,...] [--json=OUT]
       [--steps=10] [--warmup=2] [--dtype=bfloat16] [--min_row_s=60] [--wheels=DIR] [--smoke]
   python -m bertjax.tools.accelerator_report --download_wheels=DIR [--python_version=3.12]
+  python -m bertjax.tools.accelerator_report --wheels=DIR --ab [python -m bertjax.tools.ab's flags]
 
 Rows. A label says what a row runs: MODELSEQ-ATTENTION-bBATCH[-packK][-REMAT][-PRNG], e.g.
 `base128-fused-b128-pack2-dots-unsafe_rbg`: BERT-base at 128 tokens (max_predictions seq * 5 /
@@ -140,21 +141,32 @@ def smoke(row: Row) -> Row:
                              batch_size=max(2, row.batch_size // 16) if row.batch_size else 0)
 
 
+def row_attention(row: Row, platform: str) -> str:
+  """The attention path a row runs on `platform` (`fused`: the platform's kernel)."""
+  return FUSED.get(platform, "xla") if row.attention == "fused" else row.attention
+
+
+def row_batch_shape(row: Row, smoke_sizes: bool) -> tuple[int, int]:
+  """(prediction slots a row, vocabulary size) of a row's batch: BERT predicts seq * 5 / 32 with
+  30,522 tokens, ModernBERT 30% with 50,368; 128 tokens at smoke sizes."""
+  modern = row.architecture == "modernbert"
+  predictions = row.seq_len * 3 // 10 if modern else row.seq_len * 5 // 32
+  return max(1, predictions), 128 if smoke_sizes else 50368 if modern else 30522
+
+
 def row_command(row: Row, platform: str, args: argparse.Namespace, out: str) -> list[str]:
   """The row's process: bench (or init_compile for an unrolled_init row), writing JSON to out."""
   if not row.attention:
     return [sys.executable, "-m", "bertjax.tools.init_compile", f"--size={row.size}",
             f"--seq_len={row.seq_len}", "--unrolled", f"--json={out}"]
-  attention = FUSED.get(platform, "xla") if row.attention == "fused" else row.attention
-  modern = row.architecture == "modernbert"  # ModernBERT masks 30%; its vocabulary is 50,368
-  predictions = row.seq_len * 3 // 10 if modern else row.seq_len * 5 // 32
+  predictions, vocab_size = row_batch_shape(row, args.smoke)
   return [sys.executable, "-m", "bertjax.tools.bench", "--peers=bertjax", f"--size={row.size}",
           f"--batch_size={row.batch_size}", f"--seq_len={row.seq_len}",
-          f"--max_predictions={max(1, predictions)}", f"--dtype={args.dtype}",
-          f"--steps={args.steps}", f"--warmup={args.warmup}", f"--attention={attention}",
-          f"--packing={row.packing}", f"--remat={row.remat}", f"--prng={row.prng}",
-          f"--architecture={row.architecture}",
-          f"--vocab_size={128 if args.smoke else 50368 if modern else 30522}", f"--json={out}"]
+          f"--max_predictions={predictions}", f"--dtype={args.dtype}",
+          f"--steps={args.steps}", f"--warmup={args.warmup}",
+          f"--attention={row_attention(row, platform)}", f"--packing={row.packing}",
+          f"--remat={row.remat}", f"--prng={row.prng}", f"--architecture={row.architecture}",
+          f"--vocab_size={vocab_size}", f"--json={out}"]
 
 
 def run_process(command: Sequence[str], env: dict[str, str], limit_s: float,
@@ -358,6 +370,9 @@ def _parser() -> argparse.ArgumentParser:
                       help="only fetch the wheels an offline machine needs into DIR")
   parser.add_argument("--python_version", default="3.12",
                       help="the offline machine's Python, for --download_wheels")
+  parser.add_argument("--ab", nargs=argparse.REMAINDER, default=None, metavar="AB_FLAGS",
+                      help="instead of the table, run `python -m bertjax.tools.ab AB_FLAGS` with "
+                      "the --wheels on its path (the flags after --ab are its own)")
   return parser
 
 
@@ -369,6 +384,11 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     if args.download_wheels:
       download_wheels(args.download_wheels, args.python_version)
       return []
+    if args.ab is not None:  # one process: the A/B, on this machine's packages and the wheels
+      if args.wheels:
+        install_missing(args.wheels)
+      os.execve(sys.executable, [sys.executable, "-m", "bertjax.tools.ab", *args.ab],
+                row_env(args.wheels))
     rows = [parse_row(label) for label in args.rows.split(",") if label.strip()]
     if not rows:
       raise UserError("--rows is empty; give row labels, e.g. base128-fused-b128.")

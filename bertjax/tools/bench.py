@@ -9,17 +9,17 @@
 
 bertjax's own choices: `--attention` (a fused path runs without attention dropout, which fused
 kernels cannot apply; `auto` and `reference` keep the paper's 0.1, so `auto` is the reference
-einsum), `--packing=K` (each row holds K sequences of seq_len / K tokens, with their sequence
-ids, positions and one [CLS] and NSP label each, and the same max_predictions per row: the cost
-of the block-diagonal mask; the gain of packing, fewer padding tokens, depends on the data and
-is reported by `python -m bertjax.tools.data_benchmark`), `--architecture=modernbert`
-(ModernBERT of MODERNBERT_SIZES' `--size`, masked LM alone, no attention dropout; bertjax alone),
-`--remat`, `--optimizer` and `--prng` (`train.prng_impl`: the keys of the init and of dropout). Every bertjax row also gives the
-seconds its train step and its parameter init (`steps.build(...).compile_init`, threefry lowered
-as one kernel a hash on GPUs) take to compile, and the compiled memory per device of its train
-step (`jit(step).lower(...).compile().memory_analysis()`: arguments + outputs - donated +
-temporaries, XLA's own plan, for any shape on any backend); `--memory_only` compiles without
-running, so the memory of BERT-large at seq 512 can be read on a laptop.
+einsum), `--packing=K` (each row holds K sequences of seq_len / K tokens, with their sequence ids,
+positions and one [CLS] and NSP label each, and the same max_predictions per row: the cost of the
+block-diagonal mask; the gain of packing, fewer padding tokens, depends on the data and is reported
+by `python -m bertjax.tools.data_benchmark`), `--architecture=modernbert` (ModernBERT of
+MODERNBERT_SIZES' `--size`, masked LM alone, no attention dropout; bertjax alone), `--remat`,
+`--optimizer` and `--prng` (`train.prng_impl`: the keys of the init and of dropout). Every bertjax
+row also gives the seconds its train step and its parameter init (`steps.build(...).compile_init`,
+threefry lowered as one kernel a hash on GPUs) take to compile, and the compiled memory per device
+of its train step (`jit(step).lower(...).compile().memory_analysis()`: arguments + outputs -
+donated + temporaries, XLA's own plan, for any shape on any backend); `--memory_only` compiles
+without running, so the memory of BERT-large at seq 512 can be read on a laptop.
 
 The peers run on the same machine, in one process, on the same random batch (every token real,
 `max_predictions` masked positions per example), and do the whole step: forward with dropout 0.1,
@@ -97,6 +97,7 @@ from bertjax.models.attention import resolve_attention
 from bertjax.models.config import ATTENTIONS, MODERNBERT_SIZES, REMATS, SIZES, bert_config
 from bertjax.tasks import pretraining, pretraining_config
 from bertjax.tools import bench_measure, bench_peers, bench_tables
+from bertjax.tools.bench_batch import make_batch  # also bench.make_batch to the tools and tests
 from bertjax.tools.bench_peers import PEERS
 from bertjax.training import flops, optim, parallel
 from bertjax.training import steps as train_steps
@@ -104,47 +105,6 @@ from bertjax.training import task as task_lib
 # pylint: enable=wrong-import-position
 
 DTYPES = ("float32", "bfloat16")
-
-
-def make_batch(vocab_size: int, batch_size: int, seq_len: int, max_predictions: int,
-               seed: int = 0, packing: int = 0) -> dict[str, np.ndarray]:
-  """A random pretraining batch with the trainer's keys; every token real, all predictions used.
-
-  Args:
-    packing: 0 for one sequence a row; K >= 1 packs K sequences of seq_len // K tokens into each
-      row (the last takes the remainder), as `bertjax.data.pretraining.loader` lays packed rows out.
-  Returns:
-    input_ids, segment_ids, input_mask [batch, seq] int32; masked_lm_positions, masked_lm_ids
-    [batch, predictions] int32 and masked_lm_weights float32 (distinct sorted positions, none
-    on a [CLS]); next_sentence_label and example_weight (ones) [batch] int32 / float32, or
-    [batch, K] when packed, which adds position_ids, sequence_ids [batch, seq] and
-    cls_positions [batch, K].
-  """
-  rng = np.random.default_rng(seed)
-  k = max(packing, 1)
-  starts = np.arange(k) * (seq_len // k)  # each sequence's [CLS]
-  sequence = np.searchsorted(starts, np.arange(seq_len), side="right")  # [seq] 1..K
-  position = np.arange(seq_len) - starts[sequence - 1]
-  maskable = np.setdiff1d(np.arange(seq_len), starts)
-  positions = np.sort(np.stack([rng.choice(maskable, max_predictions, replace=False)
-                                for _ in range(batch_size)]), axis=1)
-  segment_ids = np.zeros((batch_size, seq_len), np.int32)
-  segment_ids[:, (position >= (seq_len // k) // 2)] = 1
-  batch = dict(
-      input_ids=rng.integers(5, vocab_size, (batch_size, seq_len)).astype(np.int32),
-      segment_ids=segment_ids,
-      input_mask=np.ones((batch_size, seq_len), np.int32),
-      masked_lm_positions=positions.astype(np.int32),
-      masked_lm_ids=rng.integers(5, vocab_size, (batch_size, max_predictions)).astype(np.int32),
-      masked_lm_weights=np.ones((batch_size, max_predictions), np.float32),
-      next_sentence_label=rng.integers(0, 2, (batch_size, k)[:1 + bool(packing)]).astype(
-          np.int32),
-      example_weight=np.ones((batch_size, k)[:1 + bool(packing)], np.float32))
-  if packing:
-    tile = lambda row: np.tile(row.astype(np.int32), (batch_size, 1))
-    batch.update(position_ids=tile(position), sequence_ids=tile(sequence),
-                 cls_positions=tile(starts))
-  return batch
 
 
 def _bertjax_config(size: str, batch_size: int, seq_len: int, max_predictions: int,
@@ -172,6 +132,8 @@ def _bertjax_config(size: str, batch_size: int, seq_len: int, max_predictions: i
   config.train.num_train_steps = steps + warmup + 1
   config.train.warmup_steps = 0
   config.train.learning_rate = 1e-4
+  for key, value in options.overrides:  # e.g. ("model.fused_qkv", True): an A/B's variant
+    config[key.split(".")[0]][key.split(".")[1]] = value
   return run_config.typed(config, run_config.PretrainingRun)
 
 
@@ -185,6 +147,7 @@ class BertjaxOptions:
   prng: str = "threefry"
   memory_only: bool = False
   architecture: str = "bert"
+  overrides: tuple[tuple[str, Any], ...] = ()  # ("section.field", value), set last
 
 
 def build_bertjax(size: str, batch: dict[str, np.ndarray], vocab_size: int, dtype: str,
