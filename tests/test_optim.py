@@ -190,6 +190,29 @@ def test_lamb_state_is_that_of_optax_lamb():
           == jax.tree.structure(earlier.init(_tiny_params())))
 
 
+@pytest.mark.parametrize("optimizer", optim.OPTIMIZERS)
+def test_a_bfloat16_first_moment(optimizer):
+  """train.mu_dtype=bfloat16 keeps the first moment in bfloat16 (the second in float32) and
+  steps within bfloat16's rounding of the float32 first moment's parameters."""
+  make = lambda mu_dtype: optim.make_optimizer(learning_rate=1e-2, num_train_steps=10,
+                                               warmup_steps=0, optimizer=optimizer,
+                                               clip_norm=None, mu_dtype=mu_dtype)[0]
+  half = make("bfloat16")
+  adam = [s for s in jax.tree.leaves(half.init(_tiny_params()),
+                                     is_leaf=lambda x: isinstance(x, optax.ScaleByAdamState))
+          if isinstance(s, optax.ScaleByAdamState)]
+  assert adam and all(x.dtype == jnp.bfloat16 for s in adam for x in jax.tree.leaves(s.mu))
+  assert all(x.dtype == jnp.float32 for s in adam for x in jax.tree.leaves(s.nu))
+  grads_list = [_grads(i) for i in range(4)]
+  full, got = _run(make("float32"), grads_list), _run(half, grads_list)
+  start = _tiny_params()
+  jax.tree.map(lambda a, b, p: np.testing.assert_allclose(a - p, b - p, rtol=2e-2, atol=1e-4),
+               got, full, start)
+  assert not all(jax.tree.leaves(jax.tree.map(np.array_equal, got, full)))  # rounded, not equal
+  with pytest.raises(UserError, match="train.mu_dtype='float16'; use float32 or bfloat16"):
+    make("float16")
+
+
 def test_unknown_optimizer_is_refused():
   with pytest.raises(UserError,
                      match="train.optimizer='sgd'; use one of adamw, lamb, stable_adamw"):

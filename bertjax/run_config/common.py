@@ -45,6 +45,8 @@ class Train:
   b1: float = 0.9  # AdamW: decay of the first moment (the gradients' moving average)
   b2: float = 0.999  # AdamW: decay of the second moment (the squared gradients')
   eps: float = 1e-6  # AdamW: added to the second moment's root (BERT's; optax's is 1e-8)
+  mu_dtype: str = "float32"  # the first moment's dtype: float32, or bfloat16 (half its memory;
+  # the second moment stays float32)
   clip_norm: float = 1.0  # clip gradients by global norm (0 = no clipping)
   grad_accum_steps: int = 1  # micro-batches per update (batch_size is split into them)
   prng_impl: str = "threefry"  # random keys (init, dropout): threefry (jax's default), rbg or

@@ -9,7 +9,7 @@ Rows are `bertjax.tools.accelerator_report`'s labels, MODELSEQ-ATTENTION-bBATCH[
 [-PRNG] (e.g. base128-fused-b128, large512-fused-b32, modernbase1024-fused-b64): what one step
 trains, on the benchmark's batch (`bertjax.tools.bench_batch`: every token real). A variant
 (VARIANTS) changes config fields of the row's step (fused QKV, bfloat16 MLM logits, tanh GELU,
-the PRNG, remat); each is built once per row and its step lowered once, and that lowering is
+the PRNG, remat, a bfloat16 first moment); each is built once per row and its step lowered once, and that lowering is
 compiled under each flag set (FLAG_SETS: XLA options, as `Lowered.compile(compiler_options=...)`
 takes them), side by side in threads. So the candidates of a row differ only in the variant's
 program and the compiler's choices.
@@ -59,6 +59,7 @@ VARIANTS = {
     "rbg": (("train.prng_impl", "rbg"),),
     "unsafe_rbg": (("train.prng_impl", "unsafe_rbg"),),
     "remat_dots": (("model.remat", "dots"),),
+    "bf16_mu": (("train.mu_dtype", "bfloat16"),),
 }
 # name -> XLA options for the compile (GPU ones are ignored on a CPU, CPU ones on a GPU).
 FLAG_SETS = {

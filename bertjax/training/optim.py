@@ -128,7 +128,8 @@ def scale_by_trust_ratio_where(mask: Any) -> optax.GradientTransformation:
 
 
 def lamb(learning_rate: optax.ScalarOrSchedule, *, b1: float, b2: float, eps: float,
-         weight_decay: float | optax.Schedule, mask: Any) -> optax.GradientTransformation:
+         weight_decay: float | optax.Schedule, mask: Any, mu_dtype: Any = None
+         ) -> optax.GradientTransformation:
   """LAMB as apex's FusedLAMB (use_nvlamb=False) runs it for NVIDIA's BERT (module docstring),
   without the clipping (`make_optimizer` adds it).
 
@@ -142,13 +143,14 @@ def lamb(learning_rate: optax.ScalarOrSchedule, *, b1: float, b2: float, eps: fl
     b1, b2, eps: Adam's (eps outside the square root).
     weight_decay: decoupled weight decay wd, or a schedule of the update count.
     mask: params -> tree of bools, True where p decays.
+    mu_dtype: the first moment's dtype (None: the gradients').
   Returns:
     the transformation; its state (with a constant weight_decay) is optax.lamb's, so checkpoints
     of either resume with the other.
   """
   trusted = mask if weight_decay else (lambda params: jax.tree.map(lambda _: False, params))
   return optax.chain(
-      optax.scale_by_adam(b1=b1, b2=b2, eps=eps),
+      optax.scale_by_adam(b1=b1, b2=b2, eps=eps, mu_dtype=mu_dtype),
       optax.add_decayed_weights(weight_decay, mask),
       scale_by_trust_ratio_where(trusted),
       optax.scale_by_learning_rate(learning_rate))
@@ -156,7 +158,7 @@ def lamb(learning_rate: optax.ScalarOrSchedule, *, b1: float, b2: float, eps: fl
 
 def stable_adamw(learning_rate: optax.ScalarOrSchedule, *, b1: float, b2: float, eps: float,
                  weight_decay: float | optax.Schedule, mask: Any,
-                 stored_tensor: Callable[[list[str]], str] | None = None
+                 stored_tensor: Callable[[list[str]], str] | None = None, mu_dtype: Any = None
                  ) -> optax.GradientTransformation:
   """StableAdamW: `optax.adamw` with Adafactor's update clipping on each tensor (module docstring),
   without the global clipping (`make_optimizer` adds it where clip_norm is set).
@@ -179,11 +181,13 @@ def stable_adamw(learning_rate: optax.ScalarOrSchedule, *, b1: float, b2: float,
       checkpoints store it in; parameters of one stored tensor share one RMS (its mean is over
       all of them), as the model's own trainer computes it (ModernBERT's Wqkv:
       `bertjax.models.modernbert.stored_tensor`). None: each parameter is its own tensor.
+    mu_dtype: the first moment's dtype (None: the gradients').
   Returns:
     the transformation; its state is optax.adamw's (moments, count), so a checkpoint of either
     resumes with the other.
   """
-  adamw = optax.adamw(learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=mask)
+  adamw = optax.adamw(learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=mask,
+                      mu_dtype=mu_dtype)
 
   def update(grads, state, params=None):
     updates, state = adamw.update(grads, state, params)
@@ -213,7 +217,8 @@ def make_optimizer(*, learning_rate: float = 1e-4, num_train_steps: int, warmup_
                    lr_schedule: str = "linear", decay_steps: int = 0,
                    decay_shape: str = "1-sqrt", decay_floor: float = 0.0,
                    changes: Sequence[RateChange] = (),
-                   stored_tensor: Callable[[list[str]], str] | None = None
+                   stored_tensor: Callable[[list[str]], str] | None = None,
+                   mu_dtype: str = "float32"
                    ) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """BERT's optimizer: clip by global norm, then AdamW (or LAMB, or StableAdamW) with the warmup
   + decay (or warmup-stable-decay) schedule.
@@ -241,12 +246,16 @@ def make_optimizer(*, learning_rate: float = 1e-4, num_train_steps: int, warmup_
     decay_steps, decay_shape, decay_floor: the final decay under "wsd" (`wsd_schedule`).
     changes: later plateaus under "wsd", each with its own weight decay (`RateChange`).
     stored_tensor: which parameters StableAdamW clips as one tensor (`stable_adamw`).
+    mu_dtype: the first moment's dtype, "float32" or "bfloat16" (half its memory and its reads;
+      the second moment stays float32, as its range needs).
   Returns:
     (tx, schedule): `schedule(n)` is the learning rate of the n-th update (0-based), the n-th
     training step.
   """
   if optimizer not in OPTIMIZERS:
     raise UserError(f"train.optimizer={optimizer!r}; use one of {', '.join(OPTIMIZERS)}.")
+  if mu_dtype not in ("float32", "bfloat16"):
+    raise UserError(f"train.mu_dtype={mu_dtype!r}; use float32 or bfloat16.")
   schedule = schedules.make_schedule(learning_rate=learning_rate, num_train_steps=num_train_steps,
                            warmup_steps=warmup_steps, lr_schedule=lr_schedule,
                            lr_decay_power=lr_decay_power, lr_decay_from_step_0=lr_decay_from_step_0,
@@ -262,7 +271,8 @@ def make_optimizer(*, learning_rate: float = 1e-4, num_train_steps: int, warmup_
 
   grouped = dict(stored_tensor=stored_tensor) if optimizer == "stable_adamw" else {}
   decay = schedules.weight_decay_schedule(learning_rate, weight_decay, decouple_lr, changes)
-  update = make(schedule, b1=b1, b2=b2, eps=eps, weight_decay=decay, mask=decay_mask, **grouped)
+  update = make(schedule, b1=b1, b2=b2, eps=eps, weight_decay=decay, mask=decay_mask,
+                mu_dtype=None if mu_dtype == "float32" else jnp.bfloat16, **grouped)
   tx = optax.chain(optax.clip_by_global_norm(clip_norm), update) if clip_norm else update
   if frozen:
     tx = optax.chain(optax.masked(optax.set_to_zero(), is_frozen), tx)

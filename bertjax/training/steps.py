@@ -67,7 +67,7 @@ def make_optimizer(train_config: run_config.Train, model_config=None,
       optimizer=tr.optimizer, frozen=tr.frozen, lr_decay_power=tr.lr_decay_power,
       lr_decay_from_step_0=tr.lr_decay_from_step_0, lr_schedule=tr.lr_schedule,
       decay_steps=tr.decay_steps, decay_shape=tr.decay_shape, decay_floor=tr.decay_floor,
-      changes=rate_changes(tr),
+      changes=rate_changes(tr), mu_dtype=tr.mu_dtype,
       stored_tensor=(modernbert.stored_tensor
                      if model_config is not None and model_config.is_modernbert else None))
 
