@@ -1,11 +1,20 @@
-"""bertjax.models.dropout: flax's Dropout's job with one 32-bit draw for two elements of a row.
-(That it draws no bits on another device is tests/test_audit.py's data-parallel contract.)"""
+"""bertjax.models.dropout: flax's Dropout's job with one 32-bit draw for two elements of a row,
+or one threefry hash for four (model.dropout_per_hash=4). (That the default draws no bits on
+another device is tests/test_audit.py's data-parallel contract; four a hash is checked here.)"""
+import dataclasses
+import subprocess
+import sys
+
 import jax
+import jax.extend.random  # pylint: disable=unused-import
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from bertjax.models import heads
+from bertjax.models.config import bert_config
 from bertjax.models.dropout import Dropout, keep_mask
+from conftest import cpu_env
 
 
 def test_each_element_is_dropped_at_the_rate_independently_and_the_two_halves_alike():
@@ -66,3 +75,65 @@ def test_dropout_keeps_the_dtype(dtype):
   x = jnp.ones((4, 6), dtype)
   y = Dropout(0.5).apply({}, x, deterministic=False, rngs={"dropout": jax.random.PRNGKey(0)})
   assert y.dtype == dtype and y.shape == x.shape
+
+
+def test_four_elements_a_threefry_hash():
+  """model.dropout_per_hash=4: both words of each hash of a position's index, 16 bits an
+  element, elements j, j + m, j + 2m, j + 3m (m = ceil(n / 4)) of a row; the rate and the
+  independence as with two; half the hashes; rbg keys draw as with two."""
+  key = jax.random.key(3)
+  keep = np.asarray(keep_mask(key, (1000, 2001), 0.1, per_hash=4))
+  rate = round(0.1 * 65536) / 65536
+  assert abs((1 - keep.mean()) - rate) < 4 * np.sqrt(rate * (1 - rate) / keep.size)
+  m = 501  # the last quarter has 2001 - 3 * 501 = 498: element j of each, j < 498
+  quarters = [keep[:, i * m:i * m + 498] for i in range(4)]
+  for a in range(4):
+    for b in range(a + 1, 4):
+      assert abs(np.mean(~quarters[a] & ~quarters[b]) - rate**2) < 0.002, (a, b)
+  jaxpr = str(jax.make_jaxpr(lambda k: keep_mask(k, (2, 3, 7), 0.1, per_hash=4))(key))
+  assert "threefry2x32" in jaxpr and "shape=(2, 3, 2)" in jaxpr and "random_bits" not in jaxpr
+  data = np.asarray(jax.random.key_data(key))
+  index = np.arange(12, dtype=np.uint32).reshape(2, 3, 2)
+  hi, lo = (np.asarray(w) for w in jax.extend.random.threefry2x32_p.bind(
+      data[0], data[1], np.zeros_like(index), index))
+  halves = np.concatenate([hi & 0xFFFF, hi >> 16, lo & 0xFFFF, lo >> 16], axis=-1)[..., :7]
+  np.testing.assert_array_equal(keep_mask(key, (2, 3, 7), 0.5, per_hash=4), halves >= 32768)
+  two = np.asarray(keep_mask(key, (64, 256), 0.1))
+  assert (np.asarray(keep_mask(key, (64, 256), 0.1, per_hash=4)) != two).mean() > 0.1
+  rbg = jax.random.key(3, impl="rbg")
+  np.testing.assert_array_equal(keep_mask(rbg, (8, 9), 0.3, per_hash=4),
+                                keep_mask(rbg, (8, 9), 0.3))
+
+
+def test_four_a_hash_draws_on_each_device_its_shard():
+  """On 4 devices, the mask of a batch-sharded array is computed where its shard is: the
+  compiled program moves nothing between devices."""
+  script = (
+      "import jax, numpy as np\n"
+      "from jax.sharding import Mesh, NamedSharding, PartitionSpec as P\n"
+      "from bertjax.models.dropout import keep_mask\n"
+      "mesh = Mesh(np.array(jax.devices()), ('data',))\n"
+      "f = jax.jit(lambda k: keep_mask(k, (8, 16, 128), 0.1, per_hash=4),\n"
+      "            out_shardings=NamedSharding(mesh, P('data')))\n"
+      "print(f.lower(jax.random.key(0)).compile().as_text())\n")
+  out = subprocess.run([sys.executable, "-c", script], env=cpu_env(4), capture_output=True,
+                       text=True, timeout=300, check=True)
+  assert "threefry" in out.stdout or "xor" in out.stdout  # the hash is in the program
+  for collective in ("all-gather", "all-reduce", "all-to-all", "collective-permute"):
+    assert collective not in out.stdout, collective
+
+
+def test_a_model_with_four_a_hash():
+  config = bert_config("tiny", vocab_size=64, dropout_rate=0.1, attention_dropout_rate=0.1,
+                       max_position_embeddings=16)
+  ids = np.tile(np.arange(5, 21, dtype=np.int32), (2, 1))
+  outputs = {}
+  for per_hash in (2, 4):
+    model = heads.BertForPreTraining(dataclasses.replace(config, dropout_per_hash=per_hash))
+    params = model.init(jax.random.key(0), ids, ids * 0, ids * 0 + 1, deterministic=True)
+    outputs[per_hash] = np.asarray(model.apply(
+        params, ids, ids * 0, ids * 0 + 1, deterministic=False,
+        rngs={"dropout": jax.random.key(1)})[0])
+  assert np.isfinite(outputs[4]).all() and not np.allclose(outputs[2], outputs[4])
+  with pytest.raises(ValueError, match="dropout_per_hash=3; use 2 or 4"):
+    dataclasses.replace(config, dropout_per_hash=3)

@@ -52,11 +52,11 @@ def bert_overrides(model: Any) -> dict[str, Any]:
 
 def pretraining_overrides(model: Any) -> dict[str, Any]:
   """`bert_overrides` and the fields only a pretraining run sets: pad_vocab_to_multiple,
-  fused_qkv and mlm_logits_dtype."""
+  fused_qkv, dropout_per_hash and mlm_logits_dtype."""
   overrides = bert_overrides(model)
   logits = model.mlm_logits_dtype
   return dict(overrides, pad_vocab_to_multiple=model.pad_vocab_to_multiple,
-              fused_qkv=model.fused_qkv,
+              fused_qkv=model.fused_qkv, dropout_per_hash=model.dropout_per_hash,
               mlm_logits_dtype=overrides["dtype"] if logits == AUTO else logits)
 
 

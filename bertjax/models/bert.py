@@ -122,7 +122,7 @@ class Embeddings(nn.Module):
     self.position_embeddings = embed(cfg.max_position_embeddings, (None, "embed"))
     self.token_type_embeddings = embed(cfg.type_vocab_size, (None, "embed"))
     self.layer_norm = make_layer_norm(cfg, name=None)
-    self.dropout = Dropout(cfg.dropout_rate)
+    self.dropout = Dropout(cfg.dropout_rate, cfg.dropout_per_hash)
 
   def gathered_table(self) -> jax.Array:
     """The word table [padded_vocab, hidden], constrained whole on each device but for a
@@ -204,7 +204,8 @@ class SelfAttention(nn.Module):
     def drop_probs(probs: jax.Array) -> jax.Array:
       # The reference path's attention dropout: built here, so it is this module's child
       # (Dropout_0) and draws from its rng stream.
-      return Dropout(cfg.attention_dropout_rate)(probs, deterministic=deterministic)
+      return Dropout(cfg.attention_dropout_rate, cfg.dropout_per_hash)(
+          probs, deterministic=deterministic)
 
     if cfg.fused_qkv:
       kernels, biases = zip(*(DenseParams(cfg, cfg.hidden_size, ("embed", "heads"), name=name)(
@@ -258,11 +259,11 @@ class Layer(nn.Module):
     """
     cfg = self.config
     attn = SelfAttention(cfg, name="attention")(x, mask, deterministic=deterministic)
-    attn = Dropout(cfg.dropout_rate)(attn, deterministic=deterministic)
+    attn = Dropout(cfg.dropout_rate, cfg.dropout_per_hash)(attn, deterministic=deterministic)
     h = make_layer_norm(cfg, "attention_layer_norm")(x + attn).astype(cfg.compute_dtype)
     h = constrain(h, HIDDEN_AXES)
     ffn = FeedForward(cfg, name="feed_forward")(h)
-    ffn = Dropout(cfg.dropout_rate)(ffn, deterministic=deterministic)
+    ffn = Dropout(cfg.dropout_rate, cfg.dropout_per_hash)(ffn, deterministic=deterministic)
     out = make_layer_norm(cfg, "output_layer_norm")(h + ffn).astype(cfg.compute_dtype)
     return constrain(out, HIDDEN_AXES)
 

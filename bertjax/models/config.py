@@ -72,6 +72,8 @@ class BertConfig:
       output bias, the softmax and the loss are float32 either way.
     fused_qkv: the query, key and value projections as one matmul, their three kernels stacked
       at call time ([H, 3, H]); the parameters are the same three.
+    dropout_per_hash: dropout decisions per threefry hash, 2 or 4 (`bertjax.models.dropout`):
+      the same rate, other masks, half the hashes with 4.
     architecture: 'bert' (the paper's: post-LayerNorm, learned absolute positions and token
       types, biases, GELU feed-forward, a tanh pooler) or 'modernbert' (Warner et al. 2024,
       `bertjax.models.modernbert`: pre-LayerNorm without biases, GeGLU feed-forward of width
@@ -107,6 +109,7 @@ class BertConfig:
   causal: bool = False
   mlm_logits_dtype: str = "float32"
   fused_qkv: bool = False
+  dropout_per_hash: int = 2
   architecture: str = "bert"
   local_attention: int = 128
   global_attention_every: int = 3
@@ -151,6 +154,8 @@ class BertConfig:
           "attention='auto', which takes 'xla' in float32.")
     if self.remat not in REMATS:
       raise ValueError(f"BertConfig.remat={self.remat!r}; use one of {list(REMATS)}.")
+    if self.dropout_per_hash not in (2, 4):
+      raise ValueError(f"BertConfig.dropout_per_hash={self.dropout_per_hash!r}; use 2 or 4.")
     for field in ("causal", "fused_qkv"):
       if not isinstance(getattr(self, field), bool):
         raise ValueError(f"BertConfig.{field}={getattr(self, field)!r}; it must be true or "

@@ -264,7 +264,8 @@ class SequenceClassification(nn.Module):
   def __call__(self, pooled_output: jax.Array, *, deterministic: bool) -> jax.Array:
     """[batch, hidden] -> float32 logits [batch, num_labels] ([batch, k, hidden] ->
     [batch, k, num_labels])."""
-    h = Dropout(self.config.dropout_rate)(pooled_output, deterministic=deterministic)
+    h = Dropout(self.config.dropout_rate, self.config.dropout_per_hash)(
+        pooled_output, deterministic=deterministic)
     return classifier(self.config, self.num_labels)(h)
 
 
@@ -276,7 +277,8 @@ class TokenTagging(nn.Module):
   @nn.compact
   def __call__(self, sequence_output: jax.Array, *, deterministic: bool) -> jax.Array:
     """[batch, seq, hidden] -> float32 logits [batch, seq, num_labels]."""
-    h = Dropout(self.config.dropout_rate)(sequence_output, deterministic=deterministic)
+    h = Dropout(self.config.dropout_rate, self.config.dropout_per_hash)(
+        sequence_output, deterministic=deterministic)
     return classifier(self.config, self.num_labels)(h)
 
 
@@ -298,7 +300,8 @@ class MultipleChoice(nn.Module):
   @nn.compact
   def __call__(self, pooled_output: jax.Array, *, deterministic: bool) -> jax.Array:
     """[batch, num_choices, hidden] -> float32 logits [batch, num_choices]."""
-    h = Dropout(self.config.dropout_rate)(pooled_output, deterministic=deterministic)
+    h = Dropout(self.config.dropout_rate, self.config.dropout_per_hash)(
+        pooled_output, deterministic=deterministic)
     return classifier(self.config, 1)(h)[..., 0]
 
 

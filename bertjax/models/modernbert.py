@@ -137,7 +137,8 @@ class Layer(nn.Module):
         h.astype(cfg.compute_dtype), mask, deterministic=deterministic, rotation=rope,
         window=self.window)
     # The attention output's dropout: ModernBERT's "attn out" dropout (0.1 in its pretraining).
-    x = x + Dropout(cfg.dropout_rate)(attn, deterministic=deterministic).astype(jnp.float32)
+    x = x + Dropout(cfg.dropout_rate, cfg.dropout_per_hash)(
+        attn, deterministic=deterministic).astype(jnp.float32)
     h = make_layer_norm(cfg, "feed_forward_layer_norm")(x).astype(cfg.compute_dtype)
     x = x + GatedFeedForward(cfg, name="feed_forward")(h).astype(jnp.float32)
     return constrain(x, HIDDEN_AXES)

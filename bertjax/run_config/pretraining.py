@@ -52,6 +52,8 @@ class PretrainingModel:
   # backend has, reference when attention_dropout_rate > 0
   remat: str = "none"  # recompute activations in the backward pass: none, full, dots
   fused_qkv: bool = False  # query, key, value as one matmul (the same three parameters)
+  dropout_per_hash: int = 2  # dropout decisions per threefry hash: 2 or 4 (both words of each
+  # hash; half the hashes, other masks at the same rate)
   mlm_logits_dtype: str = "float32"  # the MLM head's vocabulary logits: float32, bfloat16 or
   # auto (= the compute dtype); its softmax and loss stay float32
   pad_vocab_to_multiple: int = 128  # embedding/MLM rows rounded up (never predicted)
