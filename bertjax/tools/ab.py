@@ -25,7 +25,8 @@ Output, as it comes: every compile and every burst is a line of OUT/ab.jsonl, fl
 cut short keeps what it measured. At the end of each row, its table (the winner marked *, each
 candidate's speed against the row's first) and a profile trace of the winner's burst in
 OUT/trace/ROW (TensorBoard's profile plugin or Perfetto read it). No compile or burst starts
-once --budget_s seconds have passed; what was measured is still tabulated.
+once --budget_s seconds have passed (but the winner's one traced burst); what was measured is
+still tabulated.
 """
 from __future__ import annotations
 
@@ -171,8 +172,9 @@ def run_row(label: str, args: argparse.Namespace, log: Log, deadline: float) -> 
       candidates.append(candidate)
   ready = [c for c in candidates if not c.error]
   for candidate in ready:  # the untimed burst: first-call allocations
-    states[candidate.variant], _ = _burst(candidate, states[candidate.variant],
-                                          batches[candidate.variant], args.burst_steps)
+    if time.monotonic() <= deadline:
+      states[candidate.variant], _ = _burst(candidate, states[candidate.variant],
+                                            batches[candidate.variant], args.burst_steps)
   # Round robin, then the first once more: the drift.
   schedule = ([(c, False) for _ in range(args.bursts) for c in ready]
               + [(c, True) for c in ready[:1]])
