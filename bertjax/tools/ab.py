@@ -47,7 +47,7 @@ import jax
 from bertjax.errors import UserError
 from bertjax.tools import accelerator_report, bench, bench_measure
 from bertjax.tools.bench_batch import make_batch
-from bertjax.training import flops, parallel
+from bertjax.training import compile_ahead, flops, parallel
 # pylint: enable=wrong-import-position
 
 # name -> the config fields it sets on the row's step, ("section.field", value) pairs.
@@ -149,10 +149,8 @@ def run_row(label: str, args: argparse.Namespace, log: Log, deadline: float) -> 
       try:
         task, setup = bench.build_bertjax(row.size, batch, vocab_size, args.dtype, steps=1,
                                           warmup=1, options=options)
-        batch_spec = jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
-                                           sharding=parallel.batch_sharding(setup.mesh)), batch)
-        lowered = setup.train_step.lower(setup.abstract_state, batch_spec)
+        lowered = setup.train_step.lower(
+            setup.abstract_state, compile_ahead.abstract_global_batch(batch, setup.mesh))
         states[variant] = setup.compile_init()()
         batches[variant] = parallel.global_batch(batch, setup.mesh)
         model_flops = flops.model_flops(task.model.config, work)

@@ -21,7 +21,7 @@ from typing import Any, Mapping, Sequence
 
 from etils import epath
 
-from bertjax import run_config
+from bertjax import run_config, tasks
 from bertjax.errors import UserError
 from bertjax.training import curves, divergence
 from bertjax.workdir import CONFIG_FILE, METRICS_FILE
@@ -55,13 +55,16 @@ def margins(records: Sequence[Mapping[str, Any]], config: run_config.Divergence
 
 
 def run_settings(workdir: epath.Path) -> run_config.Divergence:
-  """The divergence section of the run in `workdir` (the defaults where it has none)."""
+  """The divergence section of the run in `workdir`, typed by its task's schema (that schema's
+  defaults where config.json has none, e.g. a run that predates it)."""
   try:
-    section = json.loads((workdir / CONFIG_FILE).read_text()).get("divergence", {})
-  except (OSError, ValueError, AttributeError):
-    section = {}
-  names = {f.name for f in dataclasses.fields(run_config.Divergence)}
-  return run_config.Divergence(**{k: v for k, v in section.items() if k in names})
+    run = json.loads((workdir / CONFIG_FILE).read_text())
+  except (OSError, ValueError):
+    run = {}
+  task = run.get("task") if isinstance(run, dict) else None
+  schema = tasks.REGISTRY[task].schema if task in tasks.REGISTRY else run_config.PretrainingRun
+  section = {"divergence": run.get("divergence", {})} if isinstance(run, dict) else {}
+  return run_config.typed(section, schema).divergence
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -160,7 +160,7 @@ class Reports:
       self._tensorboard.add_scalar("rollback/restored_step", rollback["restored_step"],
                                    rollback["step"])
       self._tensorboard.flush()
-      curves.draw(self._workdir, self._main_metric)
+    self._draw(step)
 
   def restart_clock(self) -> None:
     """Starts the throughput interval afresh (after an evaluation, which is not training)."""

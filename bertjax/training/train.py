@@ -231,11 +231,11 @@ def train_and_evaluate(config: run_config.TrainingRun, workdir: str, task: task_
       skipped = guard.batches_to_skip(diverged, restored_step)
       if task.batches.skip is not None:
         position = task.batches.skip(position, skipped)
-      else:
+        batches = task.batches.train(position)
+      else:  # the stream goes on from after the dropped batches
         batches = task.batches.train(position)
         for _ in range(skipped):
           _, position = next(batches)
-      batches = task.batches.train(position)
       entry = guard.rolled_back(diverged, restored_step, checkpoints.guard_record(restored_step),
                                 skipped, position)
       step = restored_step
