@@ -26,7 +26,9 @@ import pytest
 # the environment already sets keeps its value.
 _FAST_COMPILE = {"--xla_backend_optimization_level": "0", "--xla_cpu_use_fusion_emitters": "false",
                  "--xla_cpu_parallel_codegen_split_count": "1"}
-_GIVEN_FLAGS = os.environ.get("XLA_FLAGS", "")
+# (the flags as the session was started with them, kept for the processes that xdist starts)
+_GIVEN_FLAGS = os.environ.setdefault("BERTJAX_TESTS_GIVEN_XLA_FLAGS",
+                                     os.environ.get("XLA_FLAGS", ""))
 os.environ["XLA_FLAGS"] = " ".join(filter(None, [_GIVEN_FLAGS] + [
     f"{flag}={value}" for flag, value in _FAST_COMPILE.items() if flag not in _GIVEN_FLAGS]))
 
@@ -110,12 +112,16 @@ COSTS = {
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def cpu_env(num_devices: int = 1, **variables: str) -> dict[str, str]:
+def cpu_env(num_devices: int = 1, optimized: bool = False, **variables: str) -> dict[str, str]:
   """The environment of a process a test starts: this one's (the session's XLA flags and
   compilation cache), on the CPU with `num_devices` simulated devices, the checkout first on
-  PYTHONPATH, then `variables`."""
+  PYTHONPATH, then `variables`. optimized=True: without the session's quick-compile flags, for
+  a process that runs many steps at the tiny config's own sizes, where optimized code repays
+  its compile (README command 1's model: 50 steps take 25 s optimized, 35 s quickly compiled)."""
   flags = [flag for flag in os.environ.get("XLA_FLAGS", "").split()
-           if not flag.startswith("--xla_force_host_platform_device_count")]
+           if not flag.startswith("--xla_force_host_platform_device_count")
+           and not (optimized and flag.split("=")[0] in _FAST_COMPILE
+                    and flag.split("=")[0] not in _GIVEN_FLAGS)]
   flags.append(f"--xla_force_host_platform_device_count={num_devices}")
   path = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
   return {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": " ".join(flags), "PYTHONPATH": path,
