@@ -291,9 +291,15 @@ def build(config: run_config.TrainingRun, task: task_lib.Task, init_batch: task_
     with jax_config.threefry_gpu_kernel_lowering(True):
       return jitted_init.lower().compile()
 
+  # init_state's shapes, without tracing the model's init again: the optimizer's state and the
+  # key data follow from the parameters' shapes.
+  state_shapes = dict(
+      step=jax.ShapeDtypeStruct((), jnp.int32), params=abstract_params,
+      opt_state=jax.eval_shape(tx.init, abstract_params),
+      rng=jax.eval_shape(jax.random.key_data, dropout_rng))
   abstract_state = jax.tree.map(
       lambda shape, sharding: jax.ShapeDtypeStruct(shape.shape, shape.dtype, sharding=sharding),
-      jax.eval_shape(init_state), state_sharding)
+      state_shapes, state_sharding)
   batch_sharding = parallel.batch_sharding(mesh)
 
   @functools.cache
