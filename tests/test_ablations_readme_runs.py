@@ -27,6 +27,7 @@ from bertjax.models import heads
 from bertjax.tasks import finetuning
 
 from ablations_helpers import CONFIG, jit
+from conftest import cpu_env
 from test_readme import _section_commands, write_corpus_slice
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -39,7 +40,7 @@ def readme_runs(tmp_path_factory):
   root = write_corpus_slice(tmp_path_factory.mktemp("ablations"))
   commands = _section_commands("Pretraining ablations")
   assert len(commands) == 3, commands
-  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+  env = cpu_env(optimized=True)  # the tiny config's sizes: XLA's optimized code repays it
   for command in commands:
     args = shlex.split(command)
     out = subprocess.run([sys.executable, *args[1:]], cwd=root, env=env, capture_output=True,

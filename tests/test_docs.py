@@ -15,7 +15,7 @@ import torch
 import transformers
 
 import docs_text
-from conftest import GLUE_VOCAB
+from conftest import GLUE_VOCAB, cpu_env
 
 ROOT = docs_text.ROOT
 ENV = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
@@ -166,8 +166,8 @@ def test_the_short_first_run_runs_as_written(tmp_path):
   assert "--config.train.num_train_steps=50" in args
   workdir = tmp_path / "bertjax_tiny_short"
   args = [f"--workdir={workdir}" if a.startswith("--workdir=") else a for a in args]
-  out = subprocess.run([sys.executable, *args[1:]], cwd=ROOT, env=ENV, capture_output=True,
-                       text=True, timeout=600, check=False)
+  out = subprocess.run([sys.executable, *args[1:]], cwd=ROOT, env=cpu_env(optimized=True),
+                       capture_output=True, text=True, timeout=600, check=False)
   assert out.returncode == 0, out.stderr[-3000:]
   assert (workdir / "checkpoints" / "50").is_dir()
   assert (workdir / "eval_results.json").is_file() and (workdir / "bert_config.json").is_file()

@@ -13,6 +13,7 @@ import pytest
 from bertjax.data import sources
 
 import docs_text
+from conftest import cpu_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -47,7 +48,7 @@ def write_corpus_slice(root):
 def test_pretraining_data_commands_run_as_written(text_dir):
   commands = _section_commands("Pretraining data")
   assert len(commands) == 4, commands
-  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+  env = cpu_env(optimized=True)  # the tiny config's sizes: XLA's optimized code repays it
   for command in commands:
     args = shlex.split(command)
     out = subprocess.run([sys.executable, *args[1:]], cwd=text_dir, env=env,
