@@ -15,7 +15,6 @@ import sys
 
 import numpy as np
 import pytest
-import tensorflow as tf
 import torch
 import transformers
 
@@ -78,7 +77,9 @@ def _google_variables(model):
 
 
 def _save_ckpt(prefix, variables):
-  """Writes PREFIX.index and PREFIX.data-00000-of-00001 with TensorFlow's SaveV2."""
+  """Writes PREFIX.index and PREFIX.data-00000-of-00001 with TensorFlow's SaveV2 (imported
+  here: importing TensorFlow takes seconds, which every pytest worker would pay collecting)."""
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
   names = sorted(variables)
   tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=[""] * len(names),
                     tensors=[variables[n] for n in names])
