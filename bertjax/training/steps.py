@@ -116,16 +116,23 @@ def make_train_step(task: task_lib.Task, tx: optax.GradientTransformation,
     return heads.apply_to_batch(task.model_for(batch), params, batch, deterministic=False,
                                 rngs={"dropout": rng})
 
+  def weights_of(terms):
+    """{loss term: its total weight}, at least 1e-5 (a batch may hold none)."""
+    return {name: jnp.maximum(jnp.sum(weights), 1e-5)
+            for name, (_, weights) in terms.items() if task_lib.is_loss(name)}
+
   def total_weights(params, batch):
-    """{loss term: its weight over `batch`}; the weights need no forward pass, so XLA drops
-    the loss arithmetic run here on zero outputs."""
+    """{loss term: its weight over `batch`}, for micro-batches; the weights need no forward
+    pass, so XLA drops the loss arithmetic run here on zero outputs."""
     shapes = jax.eval_shape(outputs_of, params, batch, jax.random.PRNGKey(0))
     zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-    return {name: jnp.maximum(jnp.sum(weights), 1e-5)
-            for name, (_, weights) in task.terms(zeros, batch).items() if task_lib.is_loss(name)}
+    return weights_of(task.terms(zeros, batch))
 
-  def objective(params, batch, rng, totals):
+  def objective(params, batch, rng, totals=None):
+    """(the loss: each term's weighted sum over its total weight, `totals` or, for a whole
+    batch, its own; the terms' averages)."""
     terms = task.terms(outputs_of(params, batch, rng), batch)
+    totals = jax.lax.stop_gradient(weights_of(terms)) if totals is None else totals
     loss = sum(jnp.sum(terms[name][0] * terms[name][1]) / total
                for name, total in totals.items())
     return loss, task_lib.averages(terms)
@@ -138,9 +145,8 @@ def make_train_step(task: task_lib.Task, tx: optax.GradientTransformation,
       averages = task_lib.averages(terms)
       loss = sum(metric.compute() for name, metric in averages.items() if task_lib.is_loss(name))
     elif grad_accum_steps == 1:
-      totals = total_weights(state["params"], batch)
       (loss, averages), grads = jax.value_and_grad(objective, has_aux=True)(
-          state["params"], batch, rng, totals)
+          state["params"], batch, rng)
     else:
       # [B, ...] -> [B/k, k, ...] -> [k, B/k, ...]
       totals = total_weights(state["params"], batch)
