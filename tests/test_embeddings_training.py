@@ -19,11 +19,13 @@ import torch
 
 from bertjax import tasks
 from bertjax.configs import embeddings as embeddings_config
+from bertjax.data import sources
 from bertjax.embedding import embedder, evaluation, st_export
 from bertjax.errors import UserError
 
 from conftest import GLUE_VOCAB, ROOT, cpu_env, save_random_bert
 from embedding_helpers import TEXTS, WORDS, hf_bert_dir, modernbert_dir, sentence_transformer_dir
+from tiny_bert import save_tiny_bert
 
 STEPS, BATCH, RATE, WARMUP = 6, 16, 2e-3, 2
 
@@ -161,10 +163,17 @@ MESH_SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_eight_devices_and_grad_cache_equal_one_device(tmp_path):
+@pytest.fixture(scope="module")
+def small_model(tmp_path_factory):
+  """tiny_bert's one-layer H16 BERT with GLUE_VOCAB: the cheapest model a run starts from (the
+  docs' 100 SimCSE steps, 8 simulated devices)."""
+  return save_tiny_bert(tmp_path_factory.mktemp("model"), GLUE_VOCAB)
+
+
+def test_eight_devices_and_grad_cache_equal_one_device(tmp_path, small_model):
   """3 steps of a batch of 16 on 8 simulated devices (each anchor against all 16 positives,
   every device's), and on 8 with GradCache chunks of 8, give one device's losses (1e-5)."""
-  model = save_random_bert(tmp_path / "model", GLUE_VOCAB)
+  model = small_model
   pairs = _write_tsv(tmp_path / "pairs.tsv", _pairs(np.random.default_rng(1), 48,
                                                     GLUE_VOCAB[5:]))
   out = subprocess.run([sys.executable, "-c", MESH_SCRIPT, model, pairs, str(tmp_path)],
@@ -178,12 +187,16 @@ def test_eight_devices_and_grad_cache_equal_one_device(tmp_path):
 
 
 def test_simcse_hard_negatives_sigmoid_matryoshka_and_prompts(tmp_path):
-  """Unsupervised SimCSE on the bundled corpus (dropout the noise: the two copies differ), and
-  JSONL triplets with SigLIP's loss (its scale and bias trained), Matryoshka dimensions and
-  prompts: each trains, evaluates and leaves a workdir bertjax.embed reads."""
+  """Unsupervised SimCSE on a text file of the bundled corpus's first 64 sentences (dropout the
+  noise: the two copies differ; the docs' command below trains on the whole corpus), and JSONL
+  triplets with SigLIP's loss (its scale and bias trained), Matryoshka dimensions and prompts:
+  each trains, evaluates and leaves a workdir bertjax.embed reads."""
   model = save_random_bert(tmp_path / "model", GLUE_VOCAB)
+  sentences = [s for doc in sources.read_text_files(sources.BUNDLED_CORPUS) for s in doc][:64]
+  (tmp_path / "sentences.txt").write_text("".join(s + "\n" for s in sentences))
   config = embeddings_config.get_config("simcse")
   config.init_checkpoint, config.embedding.pooling = model, "cls"
+  config.data.train_file = str(tmp_path / "sentences.txt")
   config.train.batch_size, config.train.num_train_steps = 8, 2
   simcse = str(tmp_path / "simcse")
   tasks.run(config, simcse)
@@ -226,11 +239,6 @@ def test_modernbert_from_a_hugging_face_directory(tmp_path):
   from sentence_transformers import SentenceTransformer  # pylint: disable=import-outside-toplevel
   theirs = SentenceTransformer(str(tmp_path / "st"), device="cpu").encode(TEXTS)
   assert np.abs(ours - theirs).max() < 1e-4
-
-
-@pytest.fixture(scope="module")
-def small_model(tmp_path_factory):
-  return save_random_bert(tmp_path_factory.mktemp("model") / "m", GLUE_VOCAB)
 
 
 @pytest.mark.parametrize("rows, values, message", [

@@ -60,13 +60,13 @@ def test_chunked_gradients_equal_the_whole_batch(chunk_size=2):
 
   def whole(p):  # the same chunks and keys, one graph: what GradCache must reproduce
     chunks, count = grad_cache.chunked(inputs, chunk_size)
-    parts = [embed(p, jax.tree.map(lambda x: x[i], chunks), jax.random.fold_in(rng, i))
-             for i in range(count)]
-    return loss(p, jax.tree.map(lambda *e: jnp.concatenate(e), *parts))
+    keys = jnp.stack([jax.random.fold_in(rng, i) for i in range(count)])
+    parts = jax.vmap(embed, in_axes=(None, 0, 0))(p, chunks, keys)  # [count, chunk_size, dim]
+    return loss(p, jax.tree.map(lambda e: e.reshape(-1, e.shape[-1]), parts))
 
-  expected, expected_grads = jax.jit(jax.value_and_grad(whole))(params)
-  value, grads = jax.jit(lambda p: grad_cache.value_and_grad(
-      embed, loss, p, inputs, rng, chunk_size))(params)
+  (expected, expected_grads), (value, grads) = jax.jit(lambda p: (  # one program to compile
+      jax.value_and_grad(whole)(p), grad_cache.value_and_grad(embed, loss, p, inputs, rng,
+                                                              chunk_size)))(params)
   assert float(value) == pytest.approx(float(expected), rel=1e-6)
   for path, (a, b) in zip(jax.tree_util.tree_leaves_with_path(grads),
                           zip(jax.tree.leaves(grads), jax.tree.leaves(expected_grads))):
@@ -77,8 +77,9 @@ def test_chunked_gradients_equal_the_whole_batch(chunk_size=2):
 def test_without_dropout_it_is_the_plain_full_batch_gradient():
   embed, loss, params, inputs = _setup(dropout=0.0)
   rng = jax.random.key(0)
-  expected, expected_grads = jax.value_and_grad(lambda p: loss(p, embed(p, inputs, rng)))(params)
-  value, grads = grad_cache.value_and_grad(embed, loss, params, inputs, rng, chunk_size=4)
+  (expected, expected_grads), (value, grads) = jax.jit(lambda p: (  # one program to compile
+      jax.value_and_grad(lambda p: loss(p, embed(p, inputs, rng)))(p),
+      grad_cache.value_and_grad(embed, loss, p, inputs, rng, chunk_size=4)))(params)
   assert float(value) == pytest.approx(float(expected), rel=1e-6)
   for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(expected_grads)):
     _assert_close(a, b, "")

@@ -59,12 +59,18 @@ def _task():
                        schedule=task_lib.Schedule.of(_config().train))
 
 
-def test_threefry_init_and_dropout_are_those_of_untyped_keys_bitwise():
+@pytest.fixture(scope="module")
+def threefry_state():
+  """The initial state of `_task()` at `_batch()` with the default PRNG (threefry), built once
+  for the tests that look at it."""
+  return _build(_config(), _task(), _batch()).init_state()
+
+
+def test_threefry_init_and_dropout_are_those_of_untyped_keys_bitwise(threefry_state):
   """The default keeps every earlier run's numbers: the parameters are those of
   heads.init_from_batch jitted with jax.random.PRNGKey(seed)'s first half (no kernel lowering),
   the state's rng is the second half's data, and dropout from its typed key is the same."""
-  task, batch = _task(), _batch()
-  state = _build(_config(), task, batch).init_state()
+  task, batch, state = _task(), _batch(), threefry_state
   init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(0))
   old = jax.jit(lambda: nn.unbox(heads.init_from_batch(task.model, init_rng, batch)))()
   assert jax.tree.structure(old) == jax.tree.structure(state["params"])
@@ -113,9 +119,8 @@ def test_only_the_init_is_lowered_with_threefrys_gpu_kernel(monkeypatch):
 
 
 @pytest.mark.parametrize("impl", ["rbg", "unsafe_rbg"])
-def test_rbg_keys_train_and_differ_from_threefry(impl):
-  task, batch = _task(), _batch()
-  threefry = _build(_config(), task, batch).init_state()
+def test_rbg_keys_train_and_differ_from_threefry(impl, threefry_state):
+  task, batch, threefry = _task(), _batch(), threefry_state
   setup = _build(_config(prng_impl=impl), task, batch)
   state = setup.init_state()
   assert state["rng"].shape == (4,) and state["rng"].dtype == jnp.uint32

@@ -10,6 +10,8 @@ import pytest
 
 from bertjax.tools import transfer_study
 
+from conftest import cpu_env
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
 
@@ -80,7 +82,11 @@ def test_the_reference_refuses_a_second_plateau_and_a_floor(train, named):
     torch_pretraining.check_recipe(tasks.typed(config))
 
 
-def test_study_pretrains_the_twin_and_fine_tunes_all_three(pretrained, tmp_path):
+def test_study_pretrains_the_twin_and_fine_tunes_all_three(pretrained, tmp_path, monkeypatch):
+  """The study's commands run (as processes it starts with this environment) with XLA's
+  optimizations: each of its three fine-tunings scores 1,000 dev sentences, and the second and
+  third read the first one's compiled steps from the session's cache."""
+  monkeypatch.setenv("XLA_FLAGS", cpu_env(optimized=True)["XLA_FLAGS"])
   out = tmp_path / "study"
   assert transfer_study.main([f"--pretrained={pretrained}", f"--out={out}", "--labels=40",
                               "--seeds=0", "--epochs=1", "--learning_rate=1e-3"]) == 0
@@ -106,9 +112,10 @@ def test_study_pretrains_the_twin_and_fine_tunes_all_three(pretrained, tmp_path)
   assert before == {p: os.path.getmtime(out / p / "eval_results.json") for p in before}
 
 
-def test_reference_refuses_what_it_cannot_run(pretrained, tmp_path):
+def test_reference_refuses_what_it_cannot_run(pretrained, tmp_path, capsys):
   """A directory that is no pretraining run, an --out that holds files, and a recipe the
-  reference does not run: one line each, exit 2, nothing written."""
+  reference does not run: one line each, exit 2, nothing written. The first through the command
+  (`python -m bertjax.tools.torch_pretraining`), the others through its main in this process."""
   (tmp_path / "full").mkdir()
   (tmp_path / "full" / "keep.txt").write_text("mine")
   cases = [([f"--workdir={tmp_path}", f"--out={tmp_path}/a"], "has no config.json"),
@@ -119,11 +126,16 @@ def test_reference_refuses_what_it_cannot_run(pretrained, tmp_path):
   config["train"]["optimizer"] = "lamb"
   (lamb / "config.json").write_text(json.dumps(config))
   cases.append(([f"--workdir={lamb}", f"--out={tmp_path}/b"], "train.optimizer=lamb"))
-  for args, message in cases:
-    out = _python("-m", "bertjax.tools.torch_pretraining", *args)
-    assert out.returncode == 2, out.stderr[-2000:]
-    assert message in out.stderr and "Traceback" not in out.stderr
-    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+  from bertjax.tools import torch_pretraining  # pylint: disable=import-outside-toplevel
+  for i, (args, message) in enumerate(cases):
+    if i == 0:
+      out = _python("-m", "bertjax.tools.torch_pretraining", *args)
+      returncode, stderr = out.returncode, out.stderr
+    else:
+      returncode, stderr = torch_pretraining.main(args), capsys.readouterr().err
+    assert returncode == 2, stderr[-2000:]
+    assert message in stderr and "Traceback" not in stderr
+    assert len(stderr.strip().splitlines()) == 1, stderr
   assert not os.path.exists(tmp_path / "a") and not os.path.exists(tmp_path / "b")
   assert os.listdir(tmp_path / "full") == ["keep.txt"]
 
