@@ -26,11 +26,13 @@ import pytest
 # the environment already sets keeps its value.
 _FAST_COMPILE = {"--xla_backend_optimization_level": "0", "--xla_cpu_use_fusion_emitters": "false",
                  "--xla_cpu_parallel_codegen_split_count": "1"}
-# (the flags as the session was started with them, kept for the processes that xdist starts)
+# (the flags as the session was started with them, kept for the processes that xdist starts;
+# a process that imports this module keeps the flags it was started with, its device count too)
 _GIVEN_FLAGS = os.environ.setdefault("BERTJAX_TESTS_GIVEN_XLA_FLAGS",
                                      os.environ.get("XLA_FLAGS", ""))
-os.environ["XLA_FLAGS"] = " ".join(filter(None, [_GIVEN_FLAGS] + [
-    f"{flag}={value}" for flag, value in _FAST_COMPILE.items() if flag not in _GIVEN_FLAGS]))
+_FLAGS = os.environ.get("XLA_FLAGS", "")
+os.environ["XLA_FLAGS"] = " ".join(filter(None, [_FLAGS] + [
+    f"{flag}={value}" for flag, value in _FAST_COMPILE.items() if flag not in _FLAGS]))
 
 # Every program compiled in the session is kept (not only those over JAX's 1 s and 0 bytes), so
 # the next process or test that builds the same program reads it instead of compiling it.
