@@ -1,5 +1,6 @@
-"""WORKDIR/curves.png (bertjax.training.curves): what the two panels plot, from a metrics.jsonl written by
-hand; that a run draws it after each evaluation and at its end; and the README's redraw command.
+"""WORKDIR/curves.png (bertjax.training.curves): what the two panels plot, from a metrics.jsonl
+written by hand; that a run draws it after each evaluation (no more often than
+reports.SECONDS_BETWEEN_DRAWS) and at its end; and the README's redraw command.
 """
 import json
 import os
@@ -10,7 +11,7 @@ import pytest
 from conftest import GLUE_VOCAB
 
 from bertjax import tasks
-from bertjax.training import curves
+from bertjax.training import curves, reports
 from bertjax.configs import glue as glue_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -62,7 +63,12 @@ def test_the_panels_plot_the_logged_points(tmp_path):
   assert sorted(os.listdir(tmp_path)) == ["curves.png", "eval_results.json", "metrics.jsonl"]
 
 
-def test_a_run_draws_after_each_evaluation_and_at_its_end(random_bert, glue_dir, tmp_path,
+@pytest.mark.parametrize("seconds_between_draws, drawn_steps", [
+    (0.0, [3, 6, 7]),  # after each evaluation, and at the end for step 7
+    (1e9, [7]),  # the evaluations came too soon after the run's start: the end draws them
+], ids=["unthrottled", "throttled"])
+def test_a_run_draws_after_each_evaluation_and_at_its_end(seconds_between_draws, drawn_steps,
+                                                          random_bert, glue_dir, tmp_path,
                                                           monkeypatch):
   """STS-B: evaluations at steps 3 and 6 of 8, stopped at 7 by train.stop_after_steps."""
   drawn = []  # the steps in metrics.jsonl each time the trainer draws
@@ -73,6 +79,7 @@ def test_a_run_draws_after_each_evaluation_and_at_its_end(random_bert, glue_dir,
 
   draw_curves = curves.draw
   monkeypatch.setattr(curves, "draw", draw)
+  monkeypatch.setattr(reports, "SECONDS_BETWEEN_DRAWS", seconds_between_draws)
   config = glue_config.get_config()
   config.update_from_flattened_dict({
       "task": "stsb", "init_checkpoint": random_bert(tmp_path / "model", GLUE_VOCAB),
@@ -81,8 +88,7 @@ def test_a_run_draws_after_each_evaluation_and_at_its_end(random_bert, glue_dir,
       "train.stop_after_steps": 7})
   workdir = tmp_path / "run"
   tasks.run(config, str(workdir))
-  assert drawn == [("spearmanr", [1, 2, 3]), ("spearmanr", [1, 2, 3, 4, 5, 6]),
-                   ("spearmanr", [1, 2, 3, 4, 5, 6, 7])]
+  assert drawn == [("spearmanr", list(range(1, step + 1))) for step in drawn_steps]
   assert (workdir / "curves.png").read_bytes().startswith(PNG_SIGNATURE)
   loss, metric = curves.panels(curves.read_records(workdir), "spearmanr")
   assert [s.steps for s in loss] == [(1, 2, 3, 4, 5, 6, 7), (3, 6)]

@@ -12,8 +12,9 @@ metrics.jsonl) is a red x at the step and loss that diverged, on a dotted line d
 panel: the run went on from an earlier checkpoint, and the steps after that checkpoint are
 those it trained again.
 
-The run's reports (`bertjax.training.reports`) redraw the file after each evaluation and at the
-end of a run (host 0 only), so it always shows the run so far; a resumed run's metrics.jsonl
+The run's reports (`bertjax.training.reports`) redraw the file after an evaluation (at most once
+every `reports.SECONDS_BETWEEN_DRAWS`), after a rollback and at the end of a run (host 0 only),
+so it shows the run so far; a resumed run's metrics.jsonl
 holds each step once, so the curves continue where they stopped. The file is replaced whole
 (written beside it, then renamed), so a viewer never reads half of it. matplotlib is imported
 only when a figure is drawn, and through its Agg canvas alone: no display, and no pyplot state

@@ -10,8 +10,8 @@ in `bertjax.workdir`), from host 0 only:
                      "skipped_batches", "data_position"};
   tensorboard/       the same, one scalar per name as "train/NAME" or "eval/NAME";
   eval_results.json  the last evaluation, {"step": N, name: value, ..., "main_metric": NAME};
-  curves.png         drawn after each evaluation and at the end of a run
-                     (`bertjax.training.curves`).
+  curves.png         drawn after an evaluation (at most once every SECONDS_BETWEEN_DRAWS of the
+                     run), after a rollback and at the end of a run (`bertjax.training.curves`).
 
 Training lines hold the task's metrics averaged over the steps since the last line (clu
 `Average`s merged step by step, so a mean over masked positions stays exact), the learning rate
@@ -50,6 +50,12 @@ from bertjax.training import curves, flops
 from bertjax.workdir import EVAL_RESULTS_FILE, METRICS_FILE, TENSORBOARD_DIR
 
 Batch = Mapping[str, np.ndarray]
+
+# curves.png is redrawn after an evaluation only if this many seconds have passed since the run
+# started or last drew it (a draw takes about 0.25 s of a CPU core; a short run that evaluates
+# every few seconds would spend a fifth of its time drawing); the end of a run draws what is
+# left.
+SECONDS_BETWEEN_DRAWS = 10.0
 
 
 def summary_writer_class() -> type:
@@ -106,7 +112,8 @@ def keep_steps_up_to(path: epath.Path, step: int, keep_splits: tuple[str, ...] =
 
 class Reports:
   """The reports of one run: training steps added as they finish, written every log step;
-  evaluations written as they come; the curves drawn after each evaluation and at the end.
+  evaluations written as they come; the curves drawn after an evaluation (at most once every
+  SECONDS_BETWEEN_DRAWS), after a rollback and at the end.
 
   Args:
     workdir: where the reports go (host 0 only).
@@ -128,6 +135,7 @@ class Reports:
     self._peak = flops.peak_flops(devices[0].device_kind, dtype)
     self._writing = jax.process_index() == 0
     self._drawn_step = start_step  # the last step curves.png shows
+    self._drawn_at = time.monotonic()  # when it was drawn (the run's start, before any draw)
     self._closed = True
     self._open(start_step)
 
@@ -203,18 +211,20 @@ class Reports:
 
   def write_eval(self, step: int, metrics: Mapping[str, float]) -> None:
     """Writes an evaluation's metrics, prints them above the progress bar, records them in
-    eval_results.json (with the main metric's name) and redraws curves.png."""
+    eval_results.json (with the main metric's name) and redraws curves.png (unless it was drawn
+    less than SECONDS_BETWEEN_DRAWS ago: `finish` draws it then)."""
     self._write("eval", step, metrics)
     tqdm.tqdm.write(f"step {step} eval: " + ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
     if self._writing:
       main = {"main_metric": self._main_metric} if self._main_metric else {}
       (self._workdir / EVAL_RESULTS_FILE).write_text(
           json.dumps({"step": step, **metrics, **main}, indent=2) + "\n")
-    self._draw(step)
+    if time.monotonic() - self._drawn_at >= SECONDS_BETWEEN_DRAWS:
+      self._draw(step)
 
   def finish(self, step: int) -> None:
-    """The end of a run that reached `step`: curves.png redrawn if it lacks the training steps
-    since the last evaluation; then `close`."""
+    """The end of a run that reached `step`: curves.png redrawn if it lacks the steps since it
+    was last drawn; then `close`."""
     if step > self._drawn_step:
       self._draw(step)
     self.close()
@@ -223,7 +233,7 @@ class Reports:
     """Redraws WORKDIR/curves.png, which then shows the run up to `step`."""
     if self._writing:
       curves.draw(self._workdir, self._main_metric)
-    self._drawn_step = step
+    self._drawn_step, self._drawn_at = step, time.monotonic()
 
   def _write(self, split: str, step: int, scalars: Mapping[str, float]) -> None:
     """One line of metrics.jsonl and one TensorBoard scalar "SPLIT/NAME" per metric."""
