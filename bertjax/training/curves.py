@@ -16,9 +16,8 @@ The run's reports (`bertjax.training.reports`) redraw the file after an evaluati
 every `reports.SECONDS_BETWEEN_DRAWS`), after a rollback and at the end of a run (host 0 only),
 so it shows the run so far; a resumed run's metrics.jsonl holds each step once, so the curves
 continue where they stopped. The file is replaced whole (written beside it, then renamed), so a
-viewer never reads half of it. matplotlib is imported
-only when a figure is drawn, and through its Agg canvas alone: no display, and no pyplot state
-changed in the process that draws.
+viewer never reads half of it. matplotlib is imported only when a figure is drawn, and through
+its Agg canvas alone: no display, and no pyplot state changed in the process that draws.
 """
 from __future__ import annotations
 
