@@ -165,18 +165,21 @@ def tree_digest(path) -> str:
 
 
 def save_random_bert(directory, vocab: list[str], max_position_embeddings: int = 64,
-                     architecture: str = "bert") -> str:
+                     architecture: str = "bert", smallest: bool = False) -> str:
   """A random (untrained) small BERT (L2 H64 A2, 64 positions unless told) with WordPiece
   vocabulary `vocab`, saved as a bertjax checkpoint directory (DIRECTORY/bert, with
   bert_config.json and vocab.txt), the form `--config.init_checkpoint` takes. Returns its
   path. architecture="modernbert": a ModernBERT (L4 H64 A2, GeGLU 96, layers 0 and 3 global,
-  1 and 2 local with a window of 8 tokens) instead, as its pretraining saves it (no NSP)."""
+  1 and 2 local with a window of 8 tokens) instead, as its pretraining saves it (no NSP).
+  smallest=True: a BERT of one layer (H16 A2, feed-forward 32), for tests where the model's
+  size is beside the point and compiling its steps is most of their time."""
   os.makedirs(directory, exist_ok=True)
   vocab_file = os.path.join(directory, "vocab.txt")
   with open(vocab_file, "w", encoding="utf-8") as f:
     f.write("".join(t + "\n" for t in vocab))
-  config = BertConfig(vocab_size=len(vocab), hidden_size=64, num_layers=2, num_heads=2,
-                      intermediate_size=128, max_position_embeddings=max_position_embeddings)
+  hidden, layers = (16, 1) if smallest else (64, 2)
+  config = BertConfig(vocab_size=len(vocab), hidden_size=hidden, num_layers=layers, num_heads=2,
+                      intermediate_size=2 * hidden, max_position_embeddings=max_position_embeddings)
   if architecture == "modernbert":
     config = bert_config("tiny", "modernbert", vocab_size=len(vocab), hidden_size=64,
                          num_layers=4, num_heads=2, intermediate_size=96, local_attention=8,

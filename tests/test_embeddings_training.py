@@ -25,7 +25,6 @@ from bertjax.errors import UserError
 
 from conftest import GLUE_VOCAB, ROOT, cpu_env, save_random_bert
 from embedding_helpers import TEXTS, WORDS, hf_bert_dir, modernbert_dir, sentence_transformer_dir
-from tiny_bert import save_tiny_bert
 
 STEPS, BATCH, RATE, WARMUP = 6, 16, 2e-3, 2
 
@@ -165,9 +164,9 @@ MESH_SCRIPT = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def small_model(tmp_path_factory):
-  """tiny_bert's one-layer H16 BERT with GLUE_VOCAB: the cheapest model a run starts from (the
-  docs' 100 SimCSE steps, 8 simulated devices)."""
-  return save_tiny_bert(tmp_path_factory.mktemp("model"), GLUE_VOCAB)
+  """save_random_bert's smallest (one-layer H16) BERT with GLUE_VOCAB: the cheapest model a run
+  starts from (the docs' 100 SimCSE steps, 8 simulated devices)."""
+  return save_random_bert(tmp_path_factory.mktemp("model"), GLUE_VOCAB, smallest=True)
 
 
 def test_eight_devices_and_grad_cache_equal_one_device(tmp_path, small_model):

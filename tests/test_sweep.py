@@ -20,7 +20,6 @@ import numpy as np
 import pytest
 from conftest import GLUE_VOCAB, tree_digest
 import docs_text
-from tiny_bert import save_tiny_bert
 
 from bertjax import metrics, tasks
 from bertjax.tools import sweep
@@ -32,11 +31,12 @@ RATES = ("5e-05", "4e-05", "3e-05", "2e-05")  # the README command's, as run dir
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-  """A random one-layer H16 BERT (tiny_bert's: each of the sweep's rates compiles its own train
-  step) that reads conftest's GLUE files, with the 128 positions that the default
-  configs/glue.py asks for."""
-  return save_tiny_bert(tmp_path_factory.mktemp("model"), GLUE_VOCAB, max_position_embeddings=128)
+def model_dir(random_bert, tmp_path_factory):
+  """A random one-layer H16 BERT (save_random_bert's smallest: each of the sweep's rates
+  compiles its own train step) that reads conftest's GLUE files, with the 128 positions that
+  the default configs/glue.py asks for."""
+  return random_bert(tmp_path_factory.mktemp("model"), GLUE_VOCAB, max_position_embeddings=128,
+                     smallest=True)
 
 
 def _readme_sweep_command():
