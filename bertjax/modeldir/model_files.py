@@ -43,7 +43,8 @@ TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json",
 # BertConfig fields that are how a run computes, not what the model is: they change no
 # parameter, so bert_config.json leaves them out and a run that starts from the model takes them
 # from its own config (`model_options.bert_overrides`).
-RUN_CHOICES = ("attention", "remat", "mlm_logits_dtype", "fused_qkv", "dropout_per_hash")
+RUN_CHOICES = ("attention", "remat", "mlm_logits_dtype", "fused_qkv", "dropout_per_hash",
+               "local_kernel")
 
 
 def bert_config_json(config: BertConfig) -> str:

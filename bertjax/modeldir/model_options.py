@@ -1,6 +1,7 @@
 """The run's choices for the encoder, from `config.model` (compute dtype, attention path, remat,
-vocabulary padding, dropout, the MLM logits' dtype and fused QKV, resolved the same way for
-pretraining and fine-tuning), and whether a model fits the run (`check_fits`).
+vocabulary padding, dropout, the MLM logits' dtype, fused QKV and the local layers' kernel,
+resolved the same way for pretraining and fine-tuning), and whether a model fits the run
+(`check_fits`).
 
 `dtype="auto"` (the configs' default) computes in bfloat16 on GPU and TPU and in float32 on CPU,
 where bfloat16 matmuls are emulated and slower; parameters, LayerNorm, the softmax and the loss
@@ -52,11 +53,12 @@ def bert_overrides(model: Any) -> dict[str, Any]:
 
 def pretraining_overrides(model: Any) -> dict[str, Any]:
   """`bert_overrides` and the fields only a pretraining run sets: pad_vocab_to_multiple,
-  fused_qkv, dropout_per_hash and mlm_logits_dtype."""
+  fused_qkv, dropout_per_hash, local_kernel and mlm_logits_dtype."""
   overrides = bert_overrides(model)
   logits = model.mlm_logits_dtype
   return dict(overrides, pad_vocab_to_multiple=model.pad_vocab_to_multiple,
               fused_qkv=model.fused_qkv, dropout_per_hash=model.dropout_per_hash,
+              local_kernel=model.local_kernel,
               mlm_logits_dtype=overrides["dtype"] if logits == AUTO else logits)
 
 

@@ -17,9 +17,10 @@ CausalMask (tests/test_ablations_causal.py).
 
 A local layer (ModernBERT's sliding window, `BertConfig.window`) attends only keys within the
 window, on every path: 'reference' by the dense banded mask, splash by its LocalMask, and
-'xla' and 'cudnn' block by block in XLA (`local_attention`: each block of queries against its
-own and the two neighbouring blocks of keys, O(seq x window)); cuDNN's window is one-sided, so
-where the blocks do not fit (`local_blocks`) it reads the band as a mask.
+'xla' and 'cudnn' by the fused Pallas kernel on a GPU (`bertjax.models.banded_attention`,
+BertConfig.local_kernel) or block by block in XLA (`local_attention`: each block of queries
+against its own and the two neighbouring blocks of keys, O(seq x window)); cuDNN's window is
+one-sided, so where neither fits (`local_blocks`) it reads the band as a mask.
 
 Who may attend to whom is an `AttentionMask`: the batch's input_mask, and for a packed batch
 (Krell et al. 2021: several sequences share a row) its sequence_ids, by which attention is
@@ -36,6 +37,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from bertjax.models import banded_attention
 from bertjax.models.config import BertConfig
 
 def attention_mask(input_mask: jax.Array) -> jax.Array:
@@ -336,10 +338,14 @@ def attend(query: jax.Array, key: jax.Array, value: jax.Array, mask: AttentionMa
   if implementation == "splash":
     return per_shard(functools.partial(splash_attention, causal=config.causal, window=window),
                      query, key, value, mask)
-  if window is not None and not config.causal and local_blocks(query.shape[1], window):
-    # A local layer on 'xla' or 'cudnn': block by block in XLA (cuDNN's window is one-sided,
-    # and a dense band would cost every global layer's work).
-    return local_attention(query, key, value, mask, window)
+  if window is not None and not config.causal:
+    # A local layer on 'xla' or 'cudnn': the fused banded kernel or block by block in XLA
+    # (cuDNN's window is one-sided, and a dense band would cost every global layer's work).
+    if banded_attention.use_banded(config.local_kernel, query.shape[1], window, query.shape[-1]):
+      return per_shard(functools.partial(banded_attention.banded_local_attention, window=window),
+                       query, key, value, mask)  # a custom call, which XLA cannot split
+    if local_blocks(query.shape[1], window):
+      return local_attention(query, key, value, mask, window)
 
   def dot_product_attention(query, key, value, mask):  # [batch, seq, heads, head_dim] in and out
     return jax.nn.dot_product_attention(

@@ -22,6 +22,7 @@ POOLINGS = ("cls", "mean")
 ATTENTIONS = ("auto", "reference", "xla", "cudnn", "splash")
 FUSED_ATTENTIONS = ("xla", "cudnn", "splash")  # no dropout on the attention probabilities
 REMATS = ("none", "full", "dots")
+LOCAL_KERNELS = ("auto", "xla", "pallas")  # a local layer's kernel on 'xla'/'cudnn'
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 _ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "gelu": lambda x: nn.gelu(x, approximate=False),  # exact: x * Phi(x), with erf
@@ -88,6 +89,11 @@ class BertConfig:
       local layers (160,000 and 10,000 in ModernBERT's released models).
     pooling: modernbert: what a sequence-level head reads: 'cls' (the first token of each
       sequence) or 'mean' (the mean of its real tokens); BERT always pools [CLS] ('cls').
+    local_kernel: modernbert: how a local layer attends on the 'xla' and 'cudnn' paths: 'pallas'
+      (the fused banded kernel, `bertjax.models.banded_attention`; off a GPU in the Pallas
+      interpreter, for tests), 'xla' (`attention.local_attention`'s blocks in XLA) or 'auto'
+      (pallas on a GPU where it fits, else xla); shapes the kernel does not take get the XLA
+      blocks. A run choice, not in bert_config.json.
   """
   vocab_size: int = 30522
   hidden_size: int = 768
@@ -116,6 +122,7 @@ class BertConfig:
   rope_theta_global: float = 160_000.0
   rope_theta_local: float = 10_000.0
   pooling: str = "cls"
+  local_kernel: str = "auto"
 
   def __post_init__(self):
     for field in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
@@ -152,6 +159,9 @@ class BertConfig:
           f"BertConfig.attention='cudnn' needs dtype='bfloat16' (cuDNN flash attention takes "
           f"half-precision inputs only), but dtype={self.dtype!r}; set dtype=bfloat16, or use "
           "attention='auto', which takes 'xla' in float32.")
+    if self.local_kernel not in LOCAL_KERNELS:
+      raise ValueError(f"BertConfig.local_kernel={self.local_kernel!r}; use one of "
+                       f"{list(LOCAL_KERNELS)}.")
     if self.remat not in REMATS:
       raise ValueError(f"BertConfig.remat={self.remat!r}; use one of {list(REMATS)}.")
     if self.dropout_per_hash not in (2, 4):

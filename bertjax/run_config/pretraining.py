@@ -72,6 +72,9 @@ class PretrainingModel:
   # the same
   pooling: str = "cls"  # what sequence-level fine-tuning heads read: cls or mean (ModernBERT;
   # BERT always pools [CLS])
+  local_kernel: str = _bert_default("local_kernel")  # the local layers' kernel on the xla and
+  # cudnn paths: auto (the fused Pallas kernel on a GPU where it fits, else XLA's blocks), xla
+  # or pallas (off a GPU in the Pallas interpreter: slow)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,10 +9,11 @@ Rows are `bertjax.tools.accelerator_report`'s labels, MODELSEQ-ATTENTION-bBATCH[
 [-PRNG] (e.g. base128-fused-b128, large512-fused-b32, modernbase1024-fused-b64): what one step
 trains, on the benchmark's batch (`bertjax.tools.bench_batch`: every token real). A variant
 (VARIANTS) changes config fields of the row's step (fused QKV, bfloat16 MLM logits, tanh GELU, the
-PRNG, four dropout decisions a hash, remat, a bfloat16 first moment); each is built once per row
-and its step lowered once, and that lowering is compiled under each flag set (FLAG_SETS: XLA
-options, as `Lowered.compile(compiler_options=...)` takes them), side by side in threads. So the
-candidates of a row differ only in the variant's program and the compiler's choices.
+PRNG, four dropout decisions a hash, remat, a bfloat16 first moment, ModernBERT's local layers by
+the Pallas banded kernel); each is built once per row and its step lowered once, and that
+lowering is compiled under each flag set (FLAG_SETS: XLA options, as
+`Lowered.compile(compiler_options=...)` takes them), side by side in threads. So the candidates
+of a row differ only in the variant's program and the compiler's choices.
 
 Timing: each candidate runs one untimed burst, then the candidates are timed round robin,
 `--bursts` times each: a burst is `--burst_steps` steps dispatched back to back and blocked once
@@ -62,6 +63,10 @@ VARIANTS = {
     "remat_dots": (("model.remat", "dots"),),
     "bf16_mu": (("train.mu_dtype", "bfloat16"),),
     "dropout_per_hash4": (("model.dropout_per_hash", 4),),
+    # ModernBERT rows: the local layers by the Pallas banded kernel (auto's choice on a GPU) or
+    # by XLA's blocks
+    "pallas_local": (("model.local_kernel", "pallas"),),
+    "xla_local": (("model.local_kernel", "xla"),),
 }
 # name -> XLA options for the compile (GPU ones are ignored on a CPU, CPU ones on a GPU).
 FLAG_SETS = {
