@@ -3,7 +3,8 @@ interpreter on CPU: its outputs equal attention.local_attention's (the XLA block
 reference attention under the dense banded mask at every real token, packed and unpacked, in
 float32 and bfloat16, and so do its gradients; a window wider than a block and a head_dim that is
 not a power of two; the fit rule, and which kernel a local layer runs (BertConfig.local_kernel),
-through a ModernBERT model too. On a GPU the kernel runs compiled by Triton (the last test)."""
+through a ModernBERT model too. The kernels lower to Triton IR here; on a GPU they run compiled
+(the last test)."""
 import dataclasses
 import functools
 import json
@@ -150,6 +151,18 @@ def test_modernbert_with_the_kernel_equals_the_xla_blocks():
   assert calls.call_count == 2  # the two local layers
   real = slice(0, MODERNBERT.vocab_size)
   assert_close(logits["pallas"][..., real], logits["xla"][..., real], 1e-5)
+
+
+def test_the_kernels_lower_to_triton_here():
+  """The forward and both backward kernels lower for a GPU on this CPU (jax lowers a
+  pallas_call to Triton IR without one, for compute capability 9.0): ModernBERT-base's local
+  layer, bfloat16. Triton compiles that IR to PTX only on a GPU (the test below)."""
+  shape = jax.ShapeDtypeStruct((2, 1024, 12, 64), jnp.bfloat16)
+  ids = jax.ShapeDtypeStruct((2, 1024), jnp.int32)
+  loss = lambda q, k, v, i: banded_attention.banded_attention(q, k, v, i, i, 64).sum()
+  step = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+  text = step.trace(shape, shape, shape, ids).lower(lowering_platforms=("cuda",)).as_text()
+  assert text.count("__gpu$xla.gpu.triton") == 3
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the Triton kernel needs a GPU")
