@@ -18,13 +18,13 @@ import pytest
 from bertjax.errors import UserError
 from bertjax.models import config as model_config
 from bertjax.tools import accelerator_report as report
-from bertjax.tools import init_compile
+from bertjax.tools import bench_rows, init_compile
 from bertjax.training import steps
 
 import docs_text
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TITLES = ("row", "attention", "B", "pk", "remat", "prng", "step ms", "tokens/s", "MFU",
+TITLES = ("row", "attention", "B", "pk", "fill", "remat", "prng", "step ms", "tokens/s", "MFU",
           "plan GiB", "peak GiB", "compile s", "init s", "wall s", "status")
 
 
@@ -37,7 +37,8 @@ def _readme_commands():
 
 
 def _run(args, cwd):
-  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+  # The real rows are prepared under the test's own cache (bench's default --rows_dir).
+  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu", XDG_CACHE_HOME=str(cwd / "cache"))
   return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True,
                         text=True, timeout=600, check=False)
 
@@ -63,9 +64,13 @@ def test_readme_smoke_command_runs_as_written(tmp_path):
   assert written["environment"]["platform"] == "cpu"
   fused, cudnn, init = written["rows"]
   assert (fused["status"], cudnn["status"], init["status"]) == ("ok", "failed", "ok")
-  # --smoke: BERT-tiny, seq 128 / 8, batch 128 / 16; the fused path on a CPU is xla.
+  # --smoke: BERT-tiny, seq 128 / 8, batch 128 / 16; the fused path on a CPU is xla; the fast
+  # recipe on real rows, packed up to 3 a row.
   assert (fused["size"], fused["seq_len"], fused["batch_size"], fused["attention"]) == (
       "tiny", 16, 8, "xla")
+  assert (fused["recipe"], fused["rows"], fused["packing"]) == ("fast", "real", 3)
+  assert 0 < fused["fill"] <= 1 and fused["sequences"] >= 8
+  assert f"{100 * fused['fill']:.0f}%" in rows["base128-fused-b128"]
   assert fused["tokens_per_s"] > 0 and fused["mfu"] is None
   assert fused["compiled_memory"]["total"] > 0 and fused["init_compile_s"] > 0
   assert "needs an NVIDIA GPU" in cudnn["error"] and "Traceback" not in cudnn["error"]
@@ -84,6 +89,9 @@ def test_readme_offline_commands_parse():
   assert offline.wheels == ".gpu/wheels" and offline.rows.split(",") == list(report.DEFAULT_ROWS)
   for label in report.DEFAULT_ROWS:
     report.parse_row(label)
+  # BERT-large 512 x 32 and ModernBERT-base 1,024 x 64 and 8,192 x 4 among the first rows.
+  assert report.DEFAULT_ROWS[:4] == ("base128-fused-b128", "large512-fused-b32",
+                                     "modernbase1024-fused-b64", "modernbase8192-fused-b4")
 
 
 def test_a_budget_too_small_for_a_row_skips_every_row_and_prints_the_table(tmp_path):
@@ -132,6 +140,14 @@ def test_row_labels():
       dtype="bfloat16", steps=5, warmup=2, smoke=False), "out.json")
   assert {"--architecture=modernbert", "--attention=cudnn", "--max_predictions=2457",
           "--vocab_size=50368"} <= set(command)
+  # The recipe's packing unless the label packs; at smoke sizes, the real rows' vocabulary.
+  assert not [part for part in command if part.startswith(("--packing", "--rows_documents"))]
+  packed = report.row_command(report.smoke(report.parse_row("base128-fused-b128-pack2")), "cpu",
+                              argparse.Namespace(dtype="float32", steps=1, warmup=1, smoke=True),
+                              "out.json")
+  assert {"--packing=2", "--attention=xla", "--seq_len=16", "--rows_documents=8",
+          f"--vocab_size={bench_rows.ROWS_VOCAB_SIZE}"} <= set(packed)
+  assert report.ROWS_VOCAB_SIZE == bench_rows.ROWS_VOCAB_SIZE
   # The names the labels take are bertjax's.
   assert set(report.SIZES) == set(model_config.SIZES)
   assert set(report.MODERNBERT_SIZES) == set(model_config.MODERNBERT_SIZES)

@@ -1,22 +1,26 @@
-"""Tests of bertjax.tools.bench (with bench_peers, bench_measure, bench_tables): the peers run at
-tiny shapes, back-to-back timing, bad arguments (the FLOP formula: tests/test_flops.py).
+"""Tests of bertjax.tools.bench (with bench_peers, bench_measure, bench_tables, bench_rows,
+bench_recipe): the peers run at tiny shapes, back-to-back timing, bad arguments, the real rows
+(the loader's first batch of the bundled corpus, packed as the fast recipe packs, and the MFU of
+their real work) (the FLOP formula: tests/test_flops.py).
 
 The hf_flax peer needs transformers 4.57.6 (the last with Flax), which the [test] extra's
 transformers 5 replaces; its real run is the one test here that skips without it.
 """
+import dataclasses
 import json
 import math
 import time
 
 import flax
 import jax
+import numpy as np
 import pytest
 
-from bertjax.tools import bench, bench_measure, bench_peers
+from bertjax.data.pretraining import loader, masking, packing
+from bertjax.tools import bench, bench_measure, bench_peers, bench_rows
 from bertjax.errors import UserError
 from bertjax.models import heads
 from bertjax.models.config import bert_config
-from bertjax.training import flops
 from bertjax.training import flops
 
 TINY = dict(batch_size=4, seq_len=16, max_predictions=3, steps=2, warmup=1, vocab_size=128)
@@ -42,7 +46,7 @@ def test_both_peers_report_positive_finite_figures(tmp_path, capsys):
   out = tmp_path / "bench.json"
   rows = bench.main(["--size=tiny", "--peers=bertjax,torch", "--batch_size=4", "--seq_len=16",
                      "--max_predictions=3", "--steps=2", "--warmup=1", "--vocab_size=128",
-                     f"--json={out}"])
+                     "--recipe=paper", "--rows=synthetic", f"--json={out}"])
   table = capsys.readouterr().out
   assert "jax/torch" in table and "tiny" in table and "gathers the masked ones" in table
   written = json.loads(out.read_text())
@@ -61,7 +65,8 @@ def test_both_peers_report_positive_finite_figures(tmp_path, capsys):
                     "removed Flax); run in a venv with transformers==4.57.6")
 def test_hf_flax_peer_reports_positive_finite_figures(capsys):
   rows = bench.main(["--size=tiny", "--peers=bertjax,hf_flax", "--batch_size=4", "--seq_len=16",
-                     "--max_predictions=3", "--steps=1", "--warmup=1", "--vocab_size=128"])
+                     "--max_predictions=3", "--steps=1", "--warmup=1", "--vocab_size=128",
+                     "--recipe=paper", "--rows=synthetic"])
   table = capsys.readouterr().out
   assert "jax/hf_flax" in table and "jax/torch" not in table
   assert [(r["size"], r["peer"]) for r in rows] == [("tiny", "bertjax"), ("tiny", "hf_flax")]
@@ -136,17 +141,7 @@ def test_cli_reports_bad_size_in_one_line(capsys):
   assert err.startswith("bertjax.tools.bench: error: unknown --size 'huge'") and err.count("\n") == 1
 
 
-def test_bertjax_options_and_packed_batches(capsys):
-  rows = bench.main(["--size=tiny", "--peers=bertjax", "--batch_size=4", "--seq_len=16",
-                     "--max_predictions=3", "--steps=2", "--warmup=1", "--vocab_size=128",
-                     "--attention=xla", "--packing=2", "--remat=full", "--optimizer=lamb",
-                     "--prng=rbg"])
-  _check_figures(rows, packing=2)
-  [row] = rows
-  assert (row["attention"], row["packing"], row["remat"], row["optimizer"], row["prng"]) == (
-      "xla", 2, "full", "lamb", "rbg")
-  assert row["step_compile_s"] > 0 and row["init_compile_s"] > 0
-  assert "attention xla, packing 2, remat full, lamb, rbg" in capsys.readouterr().out
+def test_make_batch_packed_layout():
   batch = bench.make_batch(128, 2, 16, 3, packing=2)
   assert batch["sequence_ids"][0].tolist() == [1] * 8 + [2] * 8
   assert batch["position_ids"][0].tolist() == list(range(8)) * 2
@@ -159,7 +154,8 @@ def test_compiled_memory_without_running(capsys):
   """--memory_only compiles the step and reads XLA's plan: the arguments hold the parameters
   and AdamW's two moments (float32), and full remat keeps fewer activations."""
   args = ["--size=tiny", "--peers=bertjax", "--batch_size=8", "--seq_len=128",
-          "--max_predictions=20", "--vocab_size=128", "--memory_only"]
+          "--max_predictions=20", "--vocab_size=128", "--memory_only", "--rows=synthetic",
+          "--recipe=paper"]
   [none] = bench.main(args)
   [full] = bench.main(args + ["--remat=full"])
   assert "total GiB" in capsys.readouterr().out and none["step_ms"] is None
@@ -189,7 +185,8 @@ def test_modernbert_rows_time_its_step_and_count_its_flops(capsys):
   FLOPs by its formula (GeGLU, windowed layers), and is refused with BERT's peers or sizes."""
   rows = bench.main(["--architecture=modernbert", "--size=tiny", "--peers=bertjax",
                      "--batch_size=2", "--seq_len=32", "--max_predictions=8", "--steps=2",
-                     "--warmup=1", "--vocab_size=128", "--attention=xla", "--packing=2"])
+                     "--warmup=1", "--vocab_size=128", "--attention=xla", "--packing=2",
+                     "--rows=synthetic"])
   [row] = rows
   assert row["step_ms"] > 0 and row["attention"] == "xla"
   config = bert_config("tiny", "modernbert", vocab_size=128)
@@ -201,3 +198,112 @@ def test_modernbert_rows_time_its_step_and_count_its_flops(capsys):
   with pytest.raises(UserError, match="unknown --size 'mini'"):
     bench.run(sizes=["mini"], peers=["bertjax"], **TINY,
               options=bench.BertjaxOptions(architecture="modernbert"))
+
+
+# Real rows: the bundled corpus's first 12 documents at 128 tokens, prepared once for the module
+# (its first batch of 16 packed rows holds rows of two pairs).
+REAL = dict(batch_size=16, seq_len=128, max_predictions=20, steps=1, warmup=1, vocab_size=8000,
+            rows_documents=12)
+
+
+@pytest.fixture(scope="module")
+def rows_dir(tmp_path_factory):
+  return str(tmp_path_factory.mktemp("bench_rows"))
+
+
+def _real_config():
+  return bench.row_config("tiny", 16, 128, 20, "float32", 1, 1, bench.FAST)
+
+
+def test_real_rows_are_the_loaders_first_batch_packed_as_the_fast_recipe(rows_dir):
+  real = bench_rows.real_batch(_real_config(), rows_dir, documents=12)
+  batch = real.batch
+  data = loader.PreparedData(real.directory)
+  assert data.flags["input"].endswith("bundled_corpus_first12.txt")
+  assert (data.flags["max_seq_length"], data.flags["dupe_factor"]) == ([128], 1)
+  # The loader itself, as configs/base.py:fast reads it: packed, dynamic masks, seed 0.
+  special = masking.SpecialTokens.from_tokenizer(data.tokenizer())
+  stream = loader.PairBatches(data, 128, loader.Masking(special, 0.15, 20, True, 0, None),
+                              batch_size=16, packing=True).iterate()
+  expected, _ = next(stream)
+  stream.close()
+  assert set(batch) == set(expected) == set(loader.PACKED_BATCH_KEYS)
+  for key, value in expected.items():
+    np.testing.assert_array_equal(batch[key], value, err_msg=key)
+  # Up to 3 pairs a row, two in some rows; the slots a packed row can fill (21, not 60).
+  assert batch["input_ids"].shape == (16, 128) and batch["cls_positions"].shape == (16, 3)
+  assert (batch["sequence_ids"].max(axis=1) == 2).sum() >= 2
+  assert batch["masked_lm_positions"].shape[1] == packing.predictions_per_row(128, 3, 20, 0.15)
+  work = flops.work_of(batch)
+  assert work.tokens == batch["input_mask"].sum() and 0 < work.tokens <= 16 * 128
+  assert work.sequences == np.count_nonzero(batch["example_weight"]) > 16
+  assert work.predictions == np.count_nonzero(batch["masked_lm_weights"])
+  assert real.vocab_size <= bench_rows.ROWS_VOCAB_SIZE
+  # Kept: the same directory and batch the second time.
+  again = bench_rows.real_batch(_real_config(), rows_dir, documents=12)
+  assert again.directory == real.directory
+  np.testing.assert_array_equal(again.batch["input_ids"], batch["input_ids"])
+
+
+def test_bench_on_real_rows_reports_the_mfu_of_their_real_work(rows_dir, tmp_path, monkeypatch,
+                                                              capsys):
+  monkeypatch.setattr(flops, "peak_flops", lambda device, dtype: 1e12)  # a CPU has none
+  out = tmp_path / "real.json"
+  [row] = bench.main(["--size=tiny", "--batch_size=16", "--seq_len=128", "--steps=1",
+                      "--warmup=1", "--vocab_size=8000", "--rows_documents=12",
+                      f"--rows_dir={rows_dir}", f"--json={out}", "--remat=full",
+                      "--optimizer=lamb", "--prng=rbg"])
+  real = bench_rows.real_batch(_real_config(), rows_dir, documents=12)
+  work = flops.work_of(real.batch)
+  expected = flops.model_flops(bert_config("tiny", vocab_size=8000), work)
+  assert row["model_flops"] == expected
+  assert row["mfu"] == pytest.approx(expected * 1e3 / row["step_ms"] / 1e12)
+  assert row["tokens_per_s"] == pytest.approx(work.tokens * 1e3 / row["step_ms"])
+  assert row["examples_per_s"] == pytest.approx(work.sequences * 1e3 / row["step_ms"])
+  assert (row["rows"], row["recipe"], row["rows_source"], row["packing"]) == (
+      "real", "fast", real.directory, 3)
+  assert (row["fill"], row["sequences"], row["predictions"]) == (
+      work.tokens / (16 * 128), work.sequences, work.predictions)
+  # The fast recipe: no attention dropout, so the fused path (xla on a CPU); bertjax's options.
+  assert (row["attention"], row["dtype"], row["remat"], row["optimizer"], row["prng"]) == (
+      "xla", "float32", "full", "lamb", "rbg")
+  assert row["step_compile_s"] > 0 and row["init_compile_s"] > 0
+  table = capsys.readouterr().out
+  assert "fast recipe, attention xla, packing 3, remat full, lamb, rbg" in table
+  assert f"real rows of the bundled corpus ({real.directory}), up to 3 sequences a row" in table
+  assert f"fill {100 * row['fill']:.1f}%" in table
+  assert json.loads(out.read_text())["rows"] == json.loads(json.dumps([row]))
+
+
+def test_recipes_are_the_config_files():
+  """The fast recipe is configs/base.py:fast (configs/modernbert.py for ModernBERT), the paper's
+  configs/base.py, with the row's shapes; bertjax's choices apply on top."""
+  fast = bench.row_config("base", 8, 128, 20, "auto", 1, 1, bench.FAST)
+  assert (fast.model.attention_dropout_rate, fast.model.mlm_logits_dtype, fast.data.packing,
+          fast.data.max_sequences_per_row, fast.train.optimizer) == (0.0, "auto", True, 3, "adamw")
+  paper = bench.row_config("base", 8, 128, 20, "auto", 1, 1, bench.BertjaxOptions())
+  assert (paper.model.attention_dropout_rate, paper.model.mlm_logits_dtype,
+          paper.data.packing) == (0.1, "float32", False)
+  modern = bench.row_config("base", 8, 1024, 307, "auto", 1, 1,
+                            dataclasses.replace(bench.FAST, architecture="modernbert"))
+  assert (modern.train.optimizer, modern.train.clip_norm, modern.data.masked_lm_prob,
+          modern.pretraining.nsp, modern.data.long_seq_length) == (
+              "stable_adamw", 0.0, 0.3, False, 0)
+  reference = bench.row_config("base", 8, 128, 20, "auto", 1, 1,
+                               dataclasses.replace(bench.FAST, attention="reference"))
+  assert reference.model.attention_dropout_rate == 0.1
+
+
+def test_real_rows_refusals(rows_dir):
+  with pytest.raises(UserError, match=r"--recipe=paper to compare with transformers"):
+    bench.run(**TINY, peers=["bertjax", "torch"])
+  with pytest.raises(UserError, match="unknown --rows 'fake'"):
+    bench.run(**TINY, peers=["bertjax"], rows="fake")
+  with pytest.raises(UserError, match="contiguous spans, which fill their rows"):
+    bench.run(**TINY, options=dataclasses.replace(bench.FAST, architecture="modernbert",
+                                                  packing=2))
+  shapes = {**REAL, "rows_dir": rows_dir}
+  with pytest.raises(UserError, match=r"--vocab_size=128 is smaller than the real rows' "):
+    bench.run(**{**shapes, "vocab_size": 128})
+  with pytest.raises(UserError, match=r"fewer than one global batch of 4096.*--rows_documents"):
+    bench.run(**{**shapes, "batch_size": 4096})

@@ -1,6 +1,6 @@
 """One table of where bertjax's train step stands on a GPU or TPU, in one command within a time
 budget (compiles included): attention path x batch x packing x remat x PRNG, for BERT-base at
-seq 128 and BERT-large at seq 512.
+seq 128, BERT-large at seq 512 and ModernBERT-base at 1,024 and 8,192, as users train them.
 
   python -m bertjax.tools.accelerator_report [--budget_s=500] [--rows=LABEL,...] [--json=OUT]
       [--steps=10] [--warmup=2] [--dtype=bfloat16] [--min_row_s=60] [--wheels=DIR] [--smoke]
@@ -9,27 +9,31 @@ seq 128 and BERT-large at seq 512.
 
 Rows. A label says what a row runs: MODELSEQ-ATTENTION-bBATCH[-packK][-REMAT][-PRNG], e.g.
 `base128-fused-b128-pack2-dots-unsafe_rbg`: BERT-base at 128 tokens (max_predictions seq * 5 /
-32: 20 at 128, 80 at 512; `modernbase1024` is ModernBERT-base at 1,024, masked LM alone, 30% of
-the tokens predicted, vocabulary 50,368), the attention path (`fused` is the platform's kernel: cudnn on a GPU,
-splash on a TPU, xla elsewhere; `reference` keeps the paper's attention dropout), the batch, K
-sequences packed a row, remat full or dots, and train.prng_impl rbg or unsafe_rbg (threefry
-otherwise). Each is one `python -m bertjax.tools.bench --peers=bertjax` process (the benchmark's
-own step, timed back to back, its figures of real work), so a row that fails or runs out of time
-is listed as such and the others still run. `unrolled_init-MODELSEQ` rows time the parameter
-init's compile the old way instead (`python -m bertjax.tools.init_compile --unrolled`); every
-other row gives the init's compile with bertjax's kernel-lowered threefry (`init s`). `--rows`
-picks and orders rows; the default ones (`DEFAULT_ROWS`) run in priority order.
+32: 20 at 128, 80 at 512; `modernbase1024` is ModernBERT-base at 1,024, masked LM alone on
+contiguous spans, 30% of the tokens predicted, vocabulary 50,368), the attention path (`fused`
+is the platform's kernel: cudnn on a GPU, splash on a TPU, xla elsewhere; `reference` keeps the
+paper's attention dropout), the batch, up to K pairs packed a row (the recipe's 3 without packK),
+remat full or dots, and train.prng_impl rbg or unsafe_rbg (threefry otherwise). Each is one
+`python -m bertjax.tools.bench --peers=bertjax` process: the benchmark's default, the fast recipe
+(configs/base.py:fast, configs/modernbert.py:base) on real rows of the bundled corpus
+(`bertjax.tools.bench_rows`, prepared once a shape into bench's default --rows_dir), its own step
+timed back to back, its figures of real work; so a row that fails or runs out of time is listed
+as such and the others still run. `unrolled_init-MODELSEQ` rows time the parameter init's
+compile the old way instead (`python -m bertjax.tools.init_compile --unrolled`); every other row
+gives the init's compile with bertjax's kernel-lowered threefry (`init s`). `--rows` picks and
+orders rows; the default ones (`DEFAULT_ROWS`) run in priority order.
 
 Budget. Everything, the first probe of the machine included, fits in --budget_s: a row starts
 only with --min_row_s left, is stopped when the budget ends (listed as timed out) and the rows
 after it are listed as skipped; the table is printed whatever happens (and --json written:
 {environment, budget_s, wall_s, rows}). Compilation caches are off, so compile times are real.
 
-Columns: tokens/s counts real tokens; MFU = `bertjax.training.flops.model_flops` of the batch's
-real work / step time / the device's dense peak for --dtype; plan GiB = XLA's memory plan of the
-compiled train step per device (`compiled.memory_analysis()`: arguments + outputs - donated +
-temporaries); peak GiB = the device's peak bytes in use in the row's process (on CPU, the
-process's resident growth); compile s = the train step's, init s = the init's.
+Columns: pk = pairs a row at most; fill = real tokens / the batch's slots; tokens/s counts real
+tokens; MFU = `bertjax.training.flops.model_flops` of the batch's real work / step time / the
+device's dense peak for --dtype; plan GiB = XLA's memory plan of the compiled train step per
+device (`compiled.memory_analysis()`: arguments + outputs - donated + temporaries); peak GiB =
+the device's peak bytes in use in the row's process (on CPU, the process's resident growth);
+compile s = the train step's, init s = the init's.
 
 Offline. The rows need bertjax's packages; a machine without a package registry may lack clu,
 ml_collections, grain, array_record, tensorboardX and seqeval. On a machine with one,
@@ -41,8 +45,9 @@ installs those of them that are missing into DIR/site with `pip install --no-ind
 subpackage, as any other. seqeval's NER metrics need scikit-learn, which is not fetched
 (the rows do not use it).
 
-`--smoke` runs the same rows at BERT-tiny, batch / 16, seq / 8 and a 128-token vocabulary: the
-command end to end on a CPU.
+`--smoke` runs the same rows at BERT-tiny, batch / 16, seq / 8, on real rows of the corpus's
+first SMOKE_DOCUMENTS documents (the model's vocabulary that of the rows, 8,000): the command end
+to end on a CPU.
 """
 from __future__ import annotations
 
@@ -63,7 +68,8 @@ from bertjax.errors import UserError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_ROWS = (
-    "base128-fused-b128", "base128-reference-b128", "large512-fused-b32",
+    "base128-fused-b128", "large512-fused-b32", "modernbase1024-fused-b64",
+    "modernbase8192-fused-b4", "base128-reference-b128",
     "base128-fused-b128-pack2", "base128-xla-b128", "base128-fused-b128-unsafe_rbg",
     "base128-fused-b256", "base128-fused-b128-dots", "large512-fused-b32-pack2",
     "large512-reference-b32-full", "base128-fused-b32", "base128-fused-b128-rbg",
@@ -74,6 +80,8 @@ ATTENTIONS = ("fused", "reference", "xla", "cudnn", "splash")
 FUSED = {"gpu": "cudnn", "tpu": "splash"}  # the platform's fused kernel; xla elsewhere
 REMATS = ("full", "dots")  # model.remat other than none
 PRNGS = ("rbg", "unsafe_rbg")  # train.prng_impl other than threefry
+SMOKE_DOCUMENTS = 8  # of the bundled corpus, the real rows of --smoke (bench's --rows_documents)
+ROWS_VOCAB_SIZE = 8000  # the real rows' vocabulary (bench_rows.ROWS_VOCAB_SIZE, which imports jax)
 # Not on the GPU image this was written for (Python 3.12 with jax, flax, optax, orbax,
 # sentencepiece, tokenizers, torch and transformers): bertjax's packages and what they need.
 WHEELS = ("clu", "ml_collections", "grain", "array_record", "tensorboardX", "wrapt",
@@ -147,8 +155,9 @@ def row_attention(row: Row, platform: str) -> str:
 
 
 def row_batch_shape(row: Row, smoke_sizes: bool) -> tuple[int, int]:
-  """(prediction slots a row, vocabulary size) of a row's batch: BERT predicts seq * 5 / 32 with
-  30,522 tokens, ModernBERT 30% with 50,368; 128 tokens at smoke sizes."""
+  """(masked positions a sequence at most, vocabulary size) of a row: BERT predicts seq * 5 / 32
+  with 30,522 tokens, ModernBERT 30% with 50,368; 128 tokens at smoke sizes (bertjax.tools.ab's
+  synthetic rows; the report's real rows take ROWS_VOCAB_SIZE there)."""
   modern = row.architecture == "modernbert"
   predictions = row.seq_len * 3 // 10 if modern else row.seq_len * 5 // 32
   return max(1, predictions), 128 if smoke_sizes else 50368 if modern else 30522
@@ -160,13 +169,16 @@ def row_command(row: Row, platform: str, args: argparse.Namespace, out: str) -> 
     return [sys.executable, "-m", "bertjax.tools.init_compile", f"--size={row.size}",
             f"--seq_len={row.seq_len}", "--unrolled", f"--json={out}"]
   predictions, vocab_size = row_batch_shape(row, args.smoke)
+  vocab_size = ROWS_VOCAB_SIZE if args.smoke else vocab_size  # real rows' ids at BERT-tiny
   return [sys.executable, "-m", "bertjax.tools.bench", "--peers=bertjax", f"--size={row.size}",
           f"--batch_size={row.batch_size}", f"--seq_len={row.seq_len}",
           f"--max_predictions={predictions}", f"--dtype={args.dtype}",
           f"--steps={args.steps}", f"--warmup={args.warmup}",
-          f"--attention={row_attention(row, platform)}", f"--packing={row.packing}",
-          f"--remat={row.remat}", f"--prng={row.prng}", f"--architecture={row.architecture}",
-          f"--vocab_size={vocab_size}", f"--json={out}"]
+          f"--attention={row_attention(row, platform)}", f"--remat={row.remat}",
+          f"--prng={row.prng}", f"--architecture={row.architecture}",
+          f"--vocab_size={vocab_size}", f"--json={out}"] + (
+              [f"--packing={row.packing}"] if row.packing else []) + (
+              [f"--rows_documents={SMOKE_DOCUMENTS}"] if args.smoke else [])
 
 
 def run_process(command: Sequence[str], env: dict[str, str], limit_s: float,
@@ -299,21 +311,22 @@ def run_rows(rows: Sequence[Row], args: argparse.Namespace, env: dict[str, str],
   return results
 
 
-COLUMNS = (("attention", 9), ("B", 4), ("pk", 2), ("remat", 5), ("prng", 10), ("step ms", 8),
-           ("tokens/s", 9), ("MFU", 6), ("plan GiB", 8), ("peak GiB", 8), ("compile s", 9),
-           ("init s", 6), ("wall s", 6))
+COLUMNS = (("attention", 9), ("B", 4), ("pk", 2), ("fill", 4), ("remat", 5), ("prng", 10),
+           ("step ms", 8), ("tokens/s", 9), ("MFU", 6), ("plan GiB", 8), ("peak GiB", 8),
+           ("compile s", 9), ("init s", 6), ("wall s", 6))
 
 
 def _cells(r: dict[str, Any]) -> dict[str, str]:
   """A result's table cells by column title ("" where it has no figure)."""
   cells = {"prng": r["prng"], "wall s": f"{r['wall_s']:.0f}"}
   if r["attention"]:  # not an unrolled_init row
-    cells.update(attention=r["attention"], B=str(r["batch_size"]), pk=str(r["packing"]),
-                 remat=r["remat"])
+    cells.update(attention=r["attention"], B=str(r["batch_size"]), remat=r["remat"],
+                 pk=str(r["packing"]) if r["packing"] or r["status"] == "ok" else "")
   if r["status"] == "ok" and r.get("init_compile_s") is not None:
     cells["init s"] = f"{r['init_compile_s']:.1f}"
   if r["status"] == "ok" and r["attention"]:
     cells.update({
+        "fill": f"{100 * r['fill']:.0f}%",
         "step ms": f"{r['step_ms']:.2f}", "tokens/s": f"{r['tokens_per_s']:.0f}",
         "MFU": "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%",
         "plan GiB": f"{r['compiled_memory']['total'] / 2**30:.2f}",
@@ -338,10 +351,13 @@ def format_table(results: Sequence[dict[str, Any]], environment: dict[str, Any],
         + f"  {r['status']}{': ' + r['error'] if r['error'] else ''}"[:len(header) + 160])
   e = environment
   lines.append(f"{e['devices']} x {e['device']} ({e['platform']}); jax {e['jax']}, jaxlib "
-               f"{e['jaxlib']}, Python {e['python']}; {args.dtype}, AdamW, hidden dropout 0.1"
-               f"{'; BERT-tiny sizes (--smoke)' if args.smoke else ''}; {args.steps} steps a row.")
-  lines.append("tokens/s: real tokens, steps back to back; MFU: model FLOPs of the real work / "
-               "step / the device's dense peak; plan: XLA's memory plan of the train step; "
+               f"{e['jaxlib']}, Python {e['python']}; {args.dtype}, the fast recipe (BERT: "
+               "AdamW, hidden dropout 0.1; ModernBERT: StableAdamW) on real rows of the bundled "
+               f"corpus{'; BERT-tiny sizes (--smoke)' if args.smoke else ''}; {args.steps} steps "
+               "a row.")
+  lines.append("pk: pairs a row at most; fill: real tokens / slots; tokens/s: real tokens, steps "
+               "back to back; MFU: model FLOPs of the real work / step / the device's dense "
+               "peak; plan: XLA's memory plan of the train step; "
                "peak: the row process's peak; compile s: the train step's; init s: the "
                "parameter init's (kernel-lowered threefry; unrolled_init rows: unrolled).")
   return "\n".join(lines)

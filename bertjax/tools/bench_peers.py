@@ -71,11 +71,12 @@ def bench_hf_flax(config: BertConfig, batch: dict[str, np.ndarray], dtype: str, 
                    optax.adamw(1e-4, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01))
   params = model.params
   opt_state = tx.init(params)
-  # MLM labels [batch, seq]: the masked token at each masked position, 0 (weight 0) elsewhere.
+  # MLM labels [batch, seq]: the masked token at each masked position, 0 (weight 0) elsewhere
+  # (and at the [CLS] that a real row's empty prediction slots point to).
   labels = np.zeros(batch["input_ids"].shape, np.int32)
   weights = np.zeros(batch["input_ids"].shape, np.float32)
   np.put_along_axis(labels, batch["masked_lm_positions"], batch["masked_lm_ids"], axis=1)
-  np.put_along_axis(weights, batch["masked_lm_positions"], 1.0, axis=1)
+  np.put_along_axis(weights, batch["masked_lm_positions"], batch["masked_lm_weights"], axis=1)
   inputs = jax.device_put(dict(
       input_ids=batch["input_ids"], token_type_ids=batch["segment_ids"],
       attention_mask=batch["input_mask"], labels=labels, weights=weights,
@@ -139,9 +140,11 @@ def bench_torch(config: BertConfig, batch: dict[str, np.ndarray], dtype: str, st
   model.train()
   optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.999), eps=1e-6,
                                 weight_decay=0.01)
-  # MLM labels [batch, seq]: the masked token at each masked position, -100 (ignored) elsewhere.
+  # MLM labels [batch, seq]: the masked token at each masked position, -100 (ignored) elsewhere
+  # (and at the [CLS] that a real row's empty prediction slots point to).
   labels = np.full(batch["input_ids"].shape, -100, np.int64)
-  np.put_along_axis(labels, batch["masked_lm_positions"], batch["masked_lm_ids"], axis=1)
+  np.put_along_axis(labels, batch["masked_lm_positions"],
+                    np.where(batch["masked_lm_weights"] > 0, batch["masked_lm_ids"], -100), axis=1)
   inputs = {k: torch.from_numpy(np.asarray(v, np.int64)).to(device) for k, v in dict(
       input_ids=batch["input_ids"], token_type_ids=batch["segment_ids"],
       attention_mask=batch["input_mask"], labels=labels,

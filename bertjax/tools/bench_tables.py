@@ -1,4 +1,5 @@
-"""The benchmark's rows as text: the timing table with its notes, and the compiled-memory table.
+"""The benchmark's rows as text: the timing table with its notes (what each batch held among
+them), and the compiled-memory table.
 
 The rows are those `bertjax.tools.bench.run` returns (its docstring lists their fields).
 """
@@ -11,6 +12,16 @@ from bertjax.tools.bench_peers import PEERS
 HF_LOGITS_NOTE = ("HF (torch and Flax) computes MLM logits at every position; bertjax gathers the "
                   "masked ones first (as original BERT). model_flops counts the gathered "
                   "positions for every peer.")
+
+
+def rows_line(r: dict[str, Any]) -> str:
+  """One line on what a row's batch held: real or synthetic rows, packing, fill."""
+  where = (f"real rows of the bundled corpus ({r['rows_source']})" if r["rows"] == "real"
+           else "synthetic rows (random, every token real)")
+  packed = f"up to {r['packing']} sequences a row" if r["packing"] else "one sequence a row"
+  return (f"{r['size']}: {where}, {packed}: {r['sequences']} sequences, {r['tokens']} real "
+          f"tokens, fill {100 * r['fill']:.1f}% (real tokens / slots), {r['predictions']} "
+          f"predictions in {r['prediction_slots']} slots a row.")
 
 
 def format_memory_table(rows: Sequence[dict[str, Any]]) -> str:
@@ -31,6 +42,7 @@ def format_memory_table(rows: Sequence[dict[str, Any]]) -> str:
                "forward (jax.vjp's residuals), which remat trades for recomputation; of which "
                "seq x seq: the attention matrices among them, which a fused kernel (cuDNN, "
                "splash) does not keep." if rows else "")
+  lines.extend(rows_line(r) for r in {(r["size"], r["rows_source"]): r for r in rows}.values())
   return "\n".join(lines)
 
 
@@ -58,14 +70,17 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
   if rows:
     r = rows[0]
     lines.append(f"batch {r['batch_size']} x seq {r['seq_len']}, {r['max_predictions']} "
-                 f"predictions/example; step ms: {r['steps']} steps run back to back, blocked "
-                 "once at the end; tokens/s and GFLOP/step count real tokens and prediction "
-                 "slots.")
+                 f"predictions/sequence at most; step ms: {r['steps']} steps run back to back, "
+                 "blocked once at the end; tokens/s and GFLOP/step count real tokens and "
+                 "prediction slots.")
+  for r in {(r["size"], r["rows_source"]): r for r in rows}.values():
+    lines.append(rows_line(r))
   for r in rows:
     if "compiled_memory" in r and r["step_ms"] is not None:
-      lines.append(f"bertjax {r['size']}: attention {r['attention']}, packing {r['packing']}, "
-                   f"remat {r['remat']}, {r['optimizer']}, {r['prng']}; compiled memory per "
-                   f"device {r['compiled_memory']['total'] / 2**30:.2f} GiB; compiled in "
+      lines.append(f"bertjax {r['size']}: {r['recipe']} recipe, attention {r['attention']}, "
+                   f"packing {r['packing']}, remat {r['remat']}, {r['optimizer']}, {r['prng']}; "
+                   f"compiled memory per device {r['compiled_memory']['total'] / 2**30:.2f} "
+                   "GiB; compiled in "
                    f"{r['step_compile_s']:.1f} s (step), {r['init_compile_s']:.1f} s (init).")
   lines.append(HF_LOGITS_NOTE)
   if len({r["platform"] for r in rows}) > 1:
