@@ -198,7 +198,7 @@ def _step_checks(devices) -> dict:
     batch = parallel.global_batch(test_train._first_batch(task), setup.mesh)
     with mock.patch.object(attention, "per_shard", spy_per_shard), (
         attention_helpers.cudnn_run_by_xla() if path == "cudnn" else contextlib.nullcontext()):
-      state, metrics = setup.train_step(setup.init_state(), batch)
+      state, metrics = setup.train_step(setup.init_state(), batch, setup.learning_rate(0))
     results[path] = (float(metrics.compute()["loss"]), jax.device_get(state["params"]))
   (loss, params), (expected_loss, expected_params) = results["cudnn"], results["xla"]
   difference = max(np.abs(a - b).max() for a, b in zip(jax.tree.leaves(params),

@@ -212,8 +212,8 @@ def test_bilstm_on_top_trains_every_head_kind(kind, model_dir, data_dir, tmp_pat
   # placed as the trainer places it (unplaced arrays would compile the step a second time)
   state = jax.device_put(state, jax.tree.map(lambda a: a.sharding, setup.abstract_state))
   losses = []
-  for _ in range(12):
-    state, metrics = setup.train_step(state, batch)
+  for step in range(12):
+    state, metrics = setup.train_step(state, batch, setup.learning_rate(step))
     losses.append(float(metrics.loss.compute()))
   assert losses[-1] < 0.8 * losses[0], losses  # measured: 0.35 (glue) to 0.75 (squad)
   assert not np.array_equal(state["params"]["bilstm"]["layer_0"]["forward"]["ii"]["kernel"],

@@ -275,7 +275,8 @@ def _eval_and_step(setup, task, with_step):
   first = next(task.batches.train(None))[0]
   step = {}
   if with_step:
-    _, step_metrics = setup.train_step(state, parallel.global_batch(first, setup.mesh))
+    _, step_metrics = setup.train_step(state, parallel.global_batch(first, setup.mesh),
+                                       setup.learning_rate(0))
     step = {name: float(getattr(step_metrics, name).compute()) for name in ("loss", "grad_norm")}
   width = first["input_ids"].shape[1]
   return predictions, task_lib.means(totals), masks, np.array(widths), width, step

@@ -54,8 +54,9 @@ def _run_both(config, workdir):
   optimizer, scheduler = torch_pretraining.make_optimizer(model, config.train)
   names = ["mlm_loss", "nsp_loss"] if nsp else ["mlm_loss"]
   ours, theirs = [], []
-  for batch in batches:
-    state, metrics = setup.train_step(state, parallel.global_batch(batch, setup.mesh))
+  for step, batch in enumerate(batches):
+    state, metrics = setup.train_step(state, parallel.global_batch(batch, setup.mesh),
+                                      setup.learning_rate(step))
     computed = metrics.compute()
     ours.append([float(computed[n]) for n in names])
     terms = torch_pretraining.train_step(model, optimizer, scheduler,

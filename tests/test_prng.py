@@ -112,7 +112,7 @@ def test_only_the_init_is_lowered_with_threefrys_gpu_kernel(monkeypatch):
   seen["init"].clear()  # build's eval_shape
   with concurrent.futures.ThreadPoolExecutor(1) as executor:
     state = executor.submit(setup.compile_init).result()()
-  setup.train_step.lower(setup.abstract_state, batch)
+  setup.train_step.lower(setup.abstract_state, batch, setup.learning_rate(0))
   assert seen["init"] and all(seen["init"]), seen
   assert seen["train"] and not any(seen["train"]), seen
   assert not flag.value and int(state["step"]) == 0
@@ -127,8 +127,8 @@ def test_rbg_keys_train_and_differ_from_threefry(impl, threefry_state):
   assert not any(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(threefry["params"]),
                                                       jax.tree.leaves(state["params"]))
                  if np.asarray(a).std() > 0)  # every random parameter differs
-  for _ in range(2):
-    state, metrics = setup.train_step(state, batch)
+  for step in range(2):
+    state, metrics = setup.train_step(state, batch, setup.learning_rate(step))
   assert int(state["step"]) == 2 and np.isfinite(float(metrics.compute()["loss"]))
 
 

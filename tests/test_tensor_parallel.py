@@ -55,7 +55,7 @@ _SCRIPT = textwrap.dedent(f"""
     padded = task(128)
     setup = t._build(config, padded, jax.devices()[:4])
     batch = parallel.global_batch(t._first_batch(padded), setup.mesh)
-    state, metrics = setup.train_step(setup.init_state(), batch)
+    state, metrics = setup.train_step(setup.init_state(), batch, setup.learning_rate(0))
     embedding = state["params"]["bert"]["embeddings"]["word_embeddings"]["embedding"]
     result["step"] = [int(state["step"]), float(metrics.compute()["loss"]),
                       len(embedding.sharding.device_set),

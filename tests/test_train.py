@@ -119,8 +119,8 @@ def test_tiny_model_overfits_one_batch():
   state = setup.init_state()
   batch = parallel.global_batch(_first_batch(task), setup.mesh)
   losses = []
-  for _ in range(100):
-    state, metrics = setup.train_step(state, batch)
+  for step in range(100):
+    state, metrics = setup.train_step(state, batch, setup.learning_rate(step))
     losses.append(float(metrics.compute()["loss"]))
   metrics = metrics.compute()
   assert losses[0] > 3.0  # ~ln(64) + ln(2) at the start
@@ -136,7 +136,8 @@ def test_metrics_of_a_step():
   setup = _build(config, task)
   state = setup.init_state()
   params_before = jax.device_get(state["params"])
-  state, metrics = setup.train_step(state, parallel.global_batch(_first_batch(task), setup.mesh))
+  state, metrics = setup.train_step(state, parallel.global_batch(_first_batch(task), setup.mesh),
+                                    setup.learning_rate(0))
   metrics = metrics.compute()
   assert set(metrics) == {"loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy",
                           "frequency_baseline_mlm_accuracy", "grad_norm", "param_norm",
@@ -173,7 +174,8 @@ def test_loss_is_weighted_mean_over_masked_positions():
   batch["masked_lm_weights"] = batch["masked_lm_weights"].copy()
   batch["masked_lm_weights"][:, -1] = 0  # drop the last prediction of every row
   expected_mlm, expected_nsp = _reference_losses(params, batch)
-  _, metrics = setup.train_step(state, parallel.global_batch(batch, setup.mesh))
+  _, metrics = setup.train_step(state, parallel.global_batch(batch, setup.mesh),
+                                setup.learning_rate(0))
   metrics = metrics.compute()
   np.testing.assert_allclose(metrics["mlm_loss"], expected_mlm, rtol=1e-5)
   np.testing.assert_allclose(metrics["nsp_loss"], expected_nsp, rtol=1e-5)
@@ -215,8 +217,9 @@ def test_gradient_accumulation_matches_one_big_batch():
     task = _task(config, dropout=0.0)
     setup = _build(config, task, batch=batch)
     state = setup.init_state()
-    for _ in range(2):
-      state, metrics = setup.train_step(state, parallel.global_batch(batch, setup.mesh))
+    for step in range(2):
+      state, metrics = setup.train_step(state, parallel.global_batch(batch, setup.mesh),
+                                        setup.learning_rate(step))
     results.append((jax.device_get(state["params"]), metrics.compute()))
   for key in ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "grad_norm"):
     np.testing.assert_allclose(results[0][1][key], results[1][1][key], rtol=1e-6, err_msg=key)
@@ -247,9 +250,9 @@ def test_two_devices_match_one_device():
         setup = t._build(config, task, devices)
         state = setup.init_state()
         batches = task.batches.train(None)
-        for _ in range(3):
+        for step in range(3):
           batch = parallel.global_batch(next(batches)[0], setup.mesh)
-          state, metrics = setup.train_step(state, batch)
+          state, metrics = setup.train_step(state, batch, setup.learning_rate(step))
         assert len(state["params"]["bert"]["embeddings"]["word_embeddings"]["embedding"]
                    .sharding.device_set) == len(devices)
         assert len(batch["input_ids"].sharding.device_set) == len(devices)

@@ -286,5 +286,6 @@ def test_pretraining_runs_on_a_wordpiece_vocabulary(vocab_file, tmp_path):
   assert (batch["input_ids"][:, 0] == wordpiece.cls_id).all() and wordpiece.cls_id == 101
   assert batch["input_ids"].max() < wordpiece.vocab_size
   setup = steps.build(config, task, batch, context.mesh)
-  _, metrics = setup.train_step(setup.init_state(), parallel.global_batch(batch, setup.mesh))
+  _, metrics = setup.train_step(setup.init_state(), parallel.global_batch(batch, setup.mesh),
+                                setup.learning_rate(0))
   assert np.isfinite(float(metrics.compute()["loss"]))

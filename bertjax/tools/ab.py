@@ -44,6 +44,7 @@ from typing import Any, Sequence
 # pylint: disable=wrong-import-position
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # each variant's memory its own
 import jax
+import numpy as np
 
 from bertjax.errors import UserError
 from bertjax.tools import accelerator_report, bench, bench_measure
@@ -78,6 +79,7 @@ FLAG_SETS = {
     "cpu_fast_math": {"xla_cpu_enable_fast_math": True},
     "cpu_o1": {"xla_backend_optimization_level": 1},
 }
+LEARNING_RATE = np.float32(1e-4)  # the step's rate argument: bench's flat rate
 DEFAULT_ROWS = ("base128-fused-b128", "large512-fused-b32")
 DEFAULT_VARIANTS = ("base", "fused_qkv_bf16_logits", "unsafe_rbg")
 DEFAULT_FLAG_SETS = ("default", "cublaslt")
@@ -118,7 +120,7 @@ def _burst(candidate: Candidate, state: Any, batch: Any, steps: int) -> tuple[An
   """`steps` steps of `candidate` from `state`, back to back, blocked once: (state, s a step)."""
   start = time.perf_counter()
   for _ in range(steps):
-    state, _ = candidate.compiled(state, batch)
+    state, _ = candidate.compiled(state, batch, LEARNING_RATE)
   jax.block_until_ready(state)
   return state, (time.perf_counter() - start) / steps
 
@@ -155,7 +157,8 @@ def run_row(label: str, args: argparse.Namespace, log: Log, deadline: float) -> 
         task, setup = bench.build_bertjax(row.size, batch, vocab_size, args.dtype, steps=1,
                                           warmup=1, options=options)
         lowered = setup.train_step.lower(
-            setup.abstract_state, compile_ahead.abstract_global_batch(batch, setup.mesh))
+            setup.abstract_state, compile_ahead.abstract_global_batch(batch, setup.mesh),
+            LEARNING_RATE)
         states[variant] = setup.compile_init()()
         batches[variant] = parallel.global_batch(batch, setup.mesh)
         model_flops = flops.model_flops(task.model.config, work)

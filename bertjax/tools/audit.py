@@ -150,8 +150,8 @@ def audit(config: ml_collections.ConfigDict | run_config.TrainingRun) -> dict[st
   return dict(
       mesh=dict(setup.mesh.shape), devices=setup.mesh.devices.size,
       parameter_bytes=sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params)),
-      train=_report(setup.train_step.lower(setup.abstract_state, on_mesh(train_batch)),
-                    setup.mesh),
+      train=_report(setup.train_step.lower(setup.abstract_state, on_mesh(train_batch),
+                                           setup.learning_rate(0)), setup.mesh),
       eval=_report(setup.eval_step.lower(params, on_mesh(eval_batch)), setup.mesh))
 
 

@@ -42,7 +42,7 @@ whole step: forward with dropout 0.1, MLM + NSP loss, backward, clipping to glob
 an AdamW update.
 
 - bertjax: the trainer's own step, `steps.build(config, task, batch, mesh).train_step(state,
-  batch)` (jitted, donated state) with the recipe's optimizer fields, the model of `--size`.
+  batch, learning_rate)` (jitted, donated state) with the recipe's optimizer fields, the model of `--size`.
 - torch: `transformers.BertForPreTraining` in train mode, `torch.optim.AdamW(lr=1e-4,
   betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01)`, loss = MLM (labels -100 off the masked
   positions, as HF does) + NSP, `clip_grad_norm_(1.0)`, step, zero_grad. bfloat16 runs under
@@ -189,7 +189,8 @@ def bench_bertjax(size: str, batch: dict[str, np.ndarray], vocab_size: int, dtyp
                                      sharding=parallel.batch_sharding(setup.mesh)),
       dict(batch))
   start = time.perf_counter()
-  compiled = setup.train_step.lower(setup.abstract_state, batch_spec).compile()
+  learning_rate = setup.learning_rate(0)  # the flat rate: the step's third argument
+  compiled = setup.train_step.lower(setup.abstract_state, batch_spec, learning_rate).compile()
   step_compile_s = time.perf_counter() - start
 
   def loss(params, batch):
@@ -215,7 +216,7 @@ def bench_bertjax(size: str, batch: dict[str, np.ndarray], vocab_size: int, dtyp
 
   def step():
     nonlocal state
-    state, _ = compiled(state, device_batch)
+    state, _ = compiled(state, device_batch, learning_rate)
 
   step_s = bench_measure.time_steps(step, lambda: jax.block_until_ready(state), steps, warmup,
                                     memory.reset_peak)

@@ -55,20 +55,23 @@ def abstract_global_batch(local_batch: Batch, mesh: jax.sharding.Mesh
 
 
 class PerShape:
-  """A jitted `fn(leading, batch)` called through executables compiled ahead, one per batch
-  signature.
+  """A jitted `fn(leading, batch, *trailing)` called through executables compiled ahead, one per
+  batch signature.
 
   Args:
-    jitted: the `jax.jit` function, called as jitted(leading, batch).
+    jitted: the `jax.jit` function, called as jitted(leading, batch, *trailing).
     leading: the abstract first argument (ShapeDtypeStructs with shardings: the train state,
       the parameters).
     mesh: the mesh the batches are sharded over.
     executor: the pool the compiles run in.
+    trailing: examples of the arguments after the batch (the train step's learning rate), as
+      their shapes and dtypes are what a compile depends on.
   """
 
   def __init__(self, jitted, leading: Any, mesh: jax.sharding.Mesh,
-               executor: concurrent.futures.Executor):
+               executor: concurrent.futures.Executor, trailing: Sequence[Any] = ()):
     self._jitted, self._leading, self._mesh, self._executor = jitted, leading, mesh, executor
+    self._trailing = tuple(trailing)
     self._compiled: dict[tuple, concurrent.futures.Future] = {}
 
   def prepare(self, local_batches: Sequence[Batch]) -> None:
@@ -78,15 +81,16 @@ class PerShape:
       if key not in self._compiled:
         abstract = abstract_global_batch(local_batch, self._mesh)
         self._compiled[key] = self._executor.submit(
-            lambda abstract=abstract: self._jitted.lower(self._leading, abstract).compile())
+            lambda abstract=abstract: self._jitted.lower(
+                self._leading, abstract, *self._trailing).compile())
 
-  def __call__(self, leading: Any, batch: Batch):
-    """jitted(leading, batch), on the executable compiled ahead for the batch's shapes when
-    there is one (waiting for its compile to finish), else through jax.jit."""
+  def __call__(self, leading: Any, batch: Batch, *trailing: Any):
+    """jitted(leading, batch, *trailing), on the executable compiled ahead for the batch's
+    shapes when there is one (waiting for its compile to finish), else through jax.jit."""
     compiled = self._compiled.get(signature(batch))
     if compiled is None:
-      return self._jitted(leading, batch)
-    return compiled.result()(leading, batch)
+      return self._jitted(leading, batch, *trailing)
+    return compiled.result()(leading, batch, *trailing)
 
 
 def distinct_shapes(batches: Iterable[Batch]) -> list[Batch]:

@@ -218,7 +218,7 @@ def make_optimizer(*, learning_rate: float = 1e-4, num_train_steps: int, warmup_
                    decay_shape: str = "1-sqrt", decay_floor: float = 0.0,
                    changes: Sequence[RateChange] = (),
                    stored_tensor: Callable[[list[str]], str] | None = None,
-                   mu_dtype: str = "float32"
+                   mu_dtype: str = "float32", rate: optax.Schedule | None = None
                    ) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """BERT's optimizer: clip by global norm, then AdamW (or LAMB, or StableAdamW) with the warmup
   + decay (or warmup-stable-decay) schedule.
@@ -248,6 +248,9 @@ def make_optimizer(*, learning_rate: float = 1e-4, num_train_steps: int, warmup_
     stored_tensor: which parameters StableAdamW clips as one tensor (`stable_adamw`).
     mu_dtype: the first moment's dtype, "float32" or "bfloat16" (half its memory and its reads;
       the second moment stays float32, as its range needs).
+    rate: what tx takes its learning rate from instead of `schedule` (a schedule of the update
+      count; the train step's `lambda _: learning_rate`, its argument, so that its program does
+      not hold the schedule's numbers). The state is the same either way.
   Returns:
     (tx, schedule): `schedule(n)` is the learning rate of the n-th update (0-based), the n-th
     training step.
@@ -271,7 +274,7 @@ def make_optimizer(*, learning_rate: float = 1e-4, num_train_steps: int, warmup_
 
   grouped = dict(stored_tensor=stored_tensor) if optimizer == "stable_adamw" else {}
   decay = schedules.weight_decay_schedule(learning_rate, weight_decay, decouple_lr, changes)
-  update = make(schedule, b1=b1, b2=b2, eps=eps, weight_decay=decay, mask=decay_mask,
+  update = make(schedule if rate is None else rate, b1=b1, b2=b2, eps=eps, weight_decay=decay, mask=decay_mask,
                 mu_dtype=None if mu_dtype == "float32" else jnp.bfloat16, **grouped)
   tx = optax.chain(optax.clip_by_global_norm(clip_norm), update) if clip_norm else update
   if frozen:

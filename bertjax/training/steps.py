@@ -3,10 +3,11 @@
 `make_checked_mesh` makes a run's mesh, checked against the batch sizes (the trainer does it
 once, `bertjax.training.train.run_context`); `build` makes a run's `Setup` on it: the train
 state's shardings and the jitted functions, with keys of the PRNG `config.train.prng_impl`
-names. The train step is pure, `train_step(state, batch) -> (state, metrics)`, with donated
-state and the dropout key folded from the step; the eval step is one forward pass without
-dropout for a task's metric terms and predictions (`bertjax.training.task`). `evaluate` runs it
-over the held-out batches; `compiled_ahead` compiles the steps for the shapes a run will meet,
+names. The train step is pure, `train_step(state, batch, learning_rate) -> (state, metrics)`,
+with donated state, the step's rate an argument (the schedule's numbers are not in the program,
+so runs of other lengths share it) and the dropout key folded from the step; the eval step is
+one forward pass without dropout for a task's metric terms and predictions
+(`bertjax.training.task`). `evaluate` runs it over the held-out batches; `compiled_ahead` compiles the steps for the shapes a run will meet,
 side by side (`bertjax.training.compile_ahead`).
 """
 from __future__ import annotations
@@ -52,12 +53,14 @@ def prng_impl(train_config: run_config.Train) -> str:
 
 
 def make_optimizer(train_config: run_config.Train, model_config=None,
-                   schedule: task_lib.Schedule | None = None):
+                   schedule: task_lib.Schedule | None = None,
+                   rate: optax.Schedule | None = None):
   """optax AdamW (or LAMB, or StableAdamW) with BERT's schedule (or warmup-stable-decay) from the
   `train` section of the config, over `schedule`'s steps (default: those the section states,
-  `task.Schedule.of`). A ModernBERT `model_config` (a BertConfig) makes StableAdamW clip its
-  query, key and value kernels as the one Wqkv tensor ModernBERT's trainer steps
-  (`bertjax.models.modernbert.stored_tensor`)."""
+  `task.Schedule.of`): (tx, the learning-rate schedule). A ModernBERT `model_config` (a
+  BertConfig) makes StableAdamW clip its query, key and value kernels as the one Wqkv tensor
+  ModernBERT's trainer steps (`bertjax.models.modernbert.stored_tensor`). `rate`: the rates tx
+  steps at instead of the schedule's (the train step's own argument, `make_train_step`)."""
   tr = train_config
   schedule = schedule or task_lib.Schedule.of(tr)
   return optim.make_optimizer(
@@ -67,7 +70,7 @@ def make_optimizer(train_config: run_config.Train, model_config=None,
       optimizer=tr.optimizer, frozen=tr.frozen, lr_decay_power=tr.lr_decay_power,
       lr_decay_from_step_0=tr.lr_decay_from_step_0, lr_schedule=tr.lr_schedule,
       decay_steps=tr.decay_steps, decay_shape=tr.decay_shape, decay_floor=tr.decay_floor,
-      changes=rate_changes(tr), mu_dtype=tr.mu_dtype,
+      changes=rate_changes(tr), mu_dtype=tr.mu_dtype, rate=rate,
       stored_tensor=(modernbert.stored_tensor
                      if model_config is not None and model_config.is_modernbert else None))
 
@@ -92,15 +95,19 @@ def rate_changes(train: run_config.Train) -> tuple[schedules.RateChange, ...]:
   return tuple(changes)
 
 
-def make_train_step(task: task_lib.Task, tx: optax.GradientTransformation,
-                    schedule: optax.Schedule, grad_accum_steps: int = 1,
-                    prng: str = "threefry", lr_factor: float = 1.0):
-  """Returns the pure `train_step(state, batch) -> (state, clu Collection of metrics)`.
+def make_train_step(task: task_lib.Task,
+                    tx_at: Callable[[optax.Schedule], optax.GradientTransformation],
+                    grad_accum_steps: int = 1, prng: str = "threefry"):
+  """Returns the pure `train_step(state, batch, learning_rate) -> (state, clu Collection of
+  metrics)`.
 
-  `lr_factor` multiplies the optimizer's update, as a learning rate that many times the
-  schedule's would (the rate multiplies the whole update in each of bertjax's optimizers,
-  decoupled weight decay included): the divergence guard's factor after a rollback
-  (`bertjax.training.divergence`); the logged learning_rate is multiplied too.
+  `learning_rate` (a float32 scalar) is this step's rate, an argument rather than the
+  schedule's numbers inside the program (`Setup.learning_rate` gives the schedule's, on the
+  host): runs that differ only in their length, warmup or peak rate run one compiled program
+  (the compilation cache's), and the divergence guard's lower rate after a rollback
+  (`bertjax.training.divergence`) is the same program too. `tx_at(rate)` is the optimizer
+  stepping at `rate`, a schedule of the update count (`make_optimizer`'s): its state is the
+  same whatever the rate.
 
   The dropout key of a step is folded from the state's rng (key data of the PRNG `prng`, a
   PRNG_IMPLS name) and the step number, so a resumed run draws the same dropout masks as an
@@ -137,7 +144,8 @@ def make_train_step(task: task_lib.Task, tx: optax.GradientTransformation,
                for name, total in totals.items())
     return loss, task_lib.averages(terms)
 
-  def train_step(state: TrainState, batch: task_lib.Batch) -> tuple[TrainState, Any]:
+  def train_step(state: TrainState, batch: task_lib.Batch,
+                 learning_rate: jax.Array) -> tuple[TrainState, Any]:
     rng = jax.random.fold_in(jax.random.wrap_key_data(state["rng"], impl=PRNG_IMPLS[prng]),
                              state["step"])
     if task.gradient is not None:  # the task differentiates its own loss (one batch)
@@ -165,9 +173,8 @@ def make_train_step(task: task_lib.Task, tx: optax.GradientTransformation,
       ((loss, averages), grads), _ = jax.lax.scan(
           accumulate, zeros, (jnp.arange(grad_accum_steps), micro))
 
+    tx = tx_at(lambda _: learning_rate)
     updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-    if lr_factor != 1.0:
-      updates = jax.tree.map(lambda update: update * lr_factor, updates)
     params = optax.apply_updates(state["params"], updates)
     # Both norms are logged, and watched by the divergence guard (divergence.py), every step.
     # The gradient's is the clip's own (XLA computes it once: the metric adds nothing to the
@@ -180,7 +187,7 @@ def make_train_step(task: task_lib.Task, tx: optax.GradientTransformation,
       scalars["loss"] = loss
     metrics = clu_metrics.Collection.create_collection(
         **averages, **{k: clu_metrics.Average.from_model_output(v) for k, v in scalars.items()},
-        learning_rate=clu_metrics.LastValue.from_model_output(schedule(state["step"]) * lr_factor))
+        learning_rate=clu_metrics.LastValue.from_model_output(learning_rate))
     new_state = dict(state, step=state["step"] + 1, params=params, opt_state=opt_state)
     return new_state, metrics
 
@@ -216,12 +223,13 @@ class Setup:
   abstract_state: TrainState  # ShapeDtypeStructs with .sharding
   init_state: Callable[[], TrainState]
   compile_init: Callable[[], Callable[[], TrainState]]  # init_state compiled (the fast way)
-  train_step: Callable[[TrainState, Any], tuple[TrainState, Any]]
+  # (state, batch, learning_rate) -> (state, metrics), jitted with donated state
+  train_step: Callable[[TrainState, Any, Any], tuple[TrainState, Any]]
   eval_step: Callable[[Params, Any], tuple[Any, dict]]
   predict_step: Callable[[Params, Any], tuple[Any, dict]]  # eval_step without the terms
-  # lr_factor -> train_step with the learning rate that many times the schedule's, jitted (and
-  # compiled at its first call) once per factor: the divergence guard's after a rollback
-  train_step_at_lr_factor: Callable[[float], Callable[[TrainState, Any], tuple[TrainState, Any]]]
+  # step n (0-based) -> the schedule's learning rate of the n-th update, a float32 numpy
+  # scalar computed on the host's CPU: the train step's third argument
+  learning_rate: Callable[[int], np.ndarray]
 
 
 def make_checked_mesh(config: run_config.TrainingRun,
@@ -264,8 +272,8 @@ def build(config: run_config.TrainingRun, task: task_lib.Task, init_batch: task_
   """Builds the state's shardings over `mesh` and the jitted init / train / eval functions;
   `init_batch` (a per-host batch) gives the shapes the parameters are initialised with. `config`
   is a typed run config (`bertjax.run_config`): its seed and train section."""
-  tx, schedule = make_optimizer(config.train, getattr(task.model, "config", None),
-                                task.schedule)
+  model_config = getattr(task.model, "config", None)
+  tx, schedule = make_optimizer(config.train, model_config, task.schedule)
   prng = prng_impl(config.train)
   rng = jax.random.key(config.seed, impl=PRNG_IMPLS[prng])
   init_rng, dropout_rng = jax.random.split(rng)
@@ -308,13 +316,12 @@ def build(config: run_config.TrainingRun, task: task_lib.Task, init_batch: task_
       state_shapes, state_sharding)
   batch_sharding = parallel.batch_sharding(mesh)
 
-  @functools.cache
-  def train_step_at_lr_factor(lr_factor: float):
-    return jax.jit(
-        under_mesh(mesh, make_train_step(task, tx, schedule, config.train.grad_accum_steps, prng,
-                                         lr_factor)),
-        in_shardings=(state_sharding, batch_sharding),
-        out_shardings=(state_sharding, parallel.replicated(mesh)), donate_argnums=0)
+  train_step = jax.jit(
+      under_mesh(mesh, make_train_step(
+          task, lambda rate: make_optimizer(config.train, model_config, task.schedule, rate)[0],
+          config.train.grad_accum_steps, prng)),
+      in_shardings=(state_sharding, batch_sharding, parallel.replicated(mesh)),
+      out_shardings=(state_sharding, parallel.replicated(mesh)), donate_argnums=0)
 
   # Replicated outputs: every host gets the metrics and predictions of the whole global batch.
   eval_step, predict_step = (
@@ -323,8 +330,22 @@ def build(config: run_config.TrainingRun, task: task_lib.Task, init_batch: task_
               out_shardings=parallel.replicated(mesh)) for with_terms in (True, False))
   return Setup(mesh=mesh, abstract_state=abstract_state,
                init_state=lambda: compile_init()(), compile_init=compile_init,
-               train_step=train_step_at_lr_factor(1.0), eval_step=eval_step,
-               predict_step=predict_step, train_step_at_lr_factor=train_step_at_lr_factor)
+               train_step=train_step, eval_step=eval_step, predict_step=predict_step,
+               learning_rate=host_schedule(schedule))
+
+
+def host_schedule(schedule: optax.Schedule) -> Callable[[int], np.ndarray]:
+  """`schedule` as a function of the step on the host: step -> float32 numpy scalar, computed by
+  one small program on the CPU (in a GPU or TPU run too: no transfer from the accelerator, so
+  the loop never waits for its steps), the same on every host."""
+  cpu = jax.local_devices(backend="cpu")[0]
+  rate = jax.jit(schedule)
+
+  def learning_rate(step: int) -> np.ndarray:
+    with jax.default_device(cpu):
+      return np.asarray(rate(np.int32(step)), np.float32)
+
+  return learning_rate
 
 
 def _real_rows(outputs: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
@@ -375,7 +396,7 @@ def compiled_ahead(setup: Setup, task: task_lib.Task, first_batch: task_lib.Batc
     compiled_init = executor.submit(setup.compile_init)
     setup = dataclasses.replace(setup, init_state=lambda: compiled_init.result()())
   train_step = compile_ahead.PerShape(setup.train_step, setup.abstract_state, setup.mesh,
-                                      executor)
+                                      executor, trailing=[setup.learning_rate(0)])
   train_step.prepare([first_batch])
   eval_step = compile_ahead.PerShape(setup.eval_step, setup.abstract_state["params"],
                                      setup.mesh, executor)

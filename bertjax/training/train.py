@@ -250,9 +250,10 @@ def train_and_evaluate(config: run_config.TrainingRun, workdir: str, task: task_
       checkpoints.save(0, state, position, force=True, guard=guard.record())
     while step < stop:
       batch, position = next(batches)
-      factor = guard.lr_factor(step)
-      train_step = setup.train_step if factor == 1.0 else setup.train_step_at_lr_factor(factor)
-      state, metrics = train_step(state, parallel.global_batch(batch, setup.mesh))
+      # The rate is an argument of the step (after a rollback, maybe the guard's lower one).
+      learning_rate = np.float32(setup.learning_rate(step) * guard.lr_factor(step))
+      state, metrics = setup.train_step(state, parallel.global_batch(batch, setup.mesh),
+                                        learning_rate)
       log.add(metrics, batch)
       step += 1
       unchecked.append((step, metrics))
