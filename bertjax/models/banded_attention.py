@@ -55,11 +55,14 @@ def banded_fits(seq: int, window: int, head_dim: int, block: int = BLOCK) -> boo
 def use_banded(choice: str, seq: int, window: int, head_dim: int,
                backend: str | None = None) -> bool:
   """Whether a local layer runs `banded_attention` (else the XLA blocks): BertConfig.local_kernel
-  `choice` 'auto' on a GPU where it fits, 'pallas' wherever it fits (off a GPU in the
-  interpreter), 'xla' never. `backend`: None = `jax.default_backend()`."""
+  `choice` 'pallas' wherever it fits (off a GPU in the interpreter); 'xla' never; 'auto' not
+  yet, on any backend: the kernel has not run on a GPU, so 'auto' keeps the XLA blocks until a
+  GPU's test and A/B (`bertjax.tools.ab`'s pallas_local) show it right and faster; then 'auto'
+  is to take it on a GPU where it fits. `backend`: None = `jax.default_backend()`."""
   if choice == "xla" or not banded_fits(seq, window, head_dim):
     return False
-  return choice == "pallas" or (backend or jax.default_backend()) == "gpu"
+  del backend  # 'auto' will read it once a GPU has decided
+  return choice == "pallas"
 
 
 def local_ids(mask: Any) -> tuple[jax.Array, jax.Array]:

@@ -92,8 +92,8 @@ class BertConfig:
     local_kernel: modernbert: how a local layer attends on the 'xla' and 'cudnn' paths: 'pallas'
       (the fused banded kernel, `bertjax.models.banded_attention`; off a GPU in the Pallas
       interpreter, for tests), 'xla' (`attention.local_attention`'s blocks in XLA) or 'auto'
-      (pallas on a GPU where it fits, else xla); shapes the kernel does not take get the XLA
-      blocks. A run choice, not in bert_config.json.
+      (xla until a GPU has measured the kernel, `banded_attention.use_banded`); shapes the
+      kernel does not take get the XLA blocks. A run choice, not in bert_config.json.
   """
   vocab_size: int = 30522
   hidden_size: int = 768
