@@ -25,7 +25,7 @@ def test_overrides_of_the_configs():
   assert model_options.pretraining_overrides(tasks.typed(tiny.get_config()).model) == dict(
       dropout_rate=0.0, attention_dropout_rate=0.0, attention="auto", remat="none",
       pad_vocab_to_multiple=128, fused_qkv=False, dropout_per_hash=2, dtype="float32",
-      mlm_logits_dtype="float32", pooling="cls", local_kernel="auto")
+      mlm_logits_dtype="float32", pooling="cls", local_kernel="auto", fp8=False)
   # Fine-tuning keeps the pretrained model's padding (bert_config.json), so sets none.
   finetuning_model = run_config.typed(finetuning.get_config(), run_config.FinetuningRun).model
   assert "pad_vocab_to_multiple" not in model_options.bert_overrides(finetuning_model)
@@ -35,7 +35,7 @@ def test_overrides_of_the_configs():
       run_config.typed(old, run_config.PretrainingRun).model) == dict(
           dropout_rate=0.1, attention_dropout_rate=0.0, attention="auto", remat="none",
           pad_vocab_to_multiple=128, fused_qkv=False, dropout_per_hash=2, dtype="bfloat16",
-          mlm_logits_dtype="float32", pooling="cls", local_kernel="auto")
+          mlm_logits_dtype="float32", pooling="cls", local_kernel="auto", fp8=False)
 
 
 def test_fast_variant_of_base():

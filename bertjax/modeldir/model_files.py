@@ -44,7 +44,7 @@ TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json",
 # parameter, so bert_config.json leaves them out and a run that starts from the model takes them
 # from its own config (`model_options.bert_overrides`).
 RUN_CHOICES = ("attention", "remat", "mlm_logits_dtype", "fused_qkv", "dropout_per_hash",
-               "local_kernel")
+               "local_kernel", "fp8")
 
 
 def bert_config_json(config: BertConfig) -> str:

@@ -1,5 +1,5 @@
 """The run's choices for the encoder, from `config.model` (compute dtype, attention path, remat,
-vocabulary padding, dropout, the MLM logits' dtype, fused QKV and the local layers' kernel,
+vocabulary padding, dropout, the MLM logits' dtype, fused QKV, the local layers' kernel, fp8,
 resolved the same way for pretraining and fine-tuning), and whether a model fits the run
 (`check_fits`).
 
@@ -53,12 +53,12 @@ def bert_overrides(model: Any) -> dict[str, Any]:
 
 def pretraining_overrides(model: Any) -> dict[str, Any]:
   """`bert_overrides` and the fields only a pretraining run sets: pad_vocab_to_multiple,
-  fused_qkv, dropout_per_hash, local_kernel and mlm_logits_dtype."""
+  fused_qkv, dropout_per_hash, local_kernel, fp8 and mlm_logits_dtype."""
   overrides = bert_overrides(model)
   logits = model.mlm_logits_dtype
   return dict(overrides, pad_vocab_to_multiple=model.pad_vocab_to_multiple,
               fused_qkv=model.fused_qkv, dropout_per_hash=model.dropout_per_hash,
-              local_kernel=model.local_kernel,
+              local_kernel=model.local_kernel, fp8=model.fp8,
               mlm_logits_dtype=overrides["dtype"] if logits == AUTO else logits)
 
 

@@ -54,7 +54,8 @@ normal with stddev `initializer_range` (0.02) truncated at two standard deviatio
 for training from scratch), biases are zeros, LayerNorm scales ones.
 
 Precision: parameters are stored in `param_dtype` (float32); matrix multiplies run in `dtype`
-(float32 or bfloat16); LayerNorm, the softmax and the attention scores are always float32.
+(float32 or bfloat16), the layers' projections in FP8 with `fp8` (`bertjax.models.fp8`);
+LayerNorm, the softmax and the attention scores are always float32.
 
 Attention paths (`BertConfig.attention`, `attention.resolve_attention`): 'reference' (the
 paper's einsum, with dropout on the attention probabilities), 'xla', 'cudnn' and 'splash'; they
@@ -76,6 +77,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bertjax.models import fp8
 from bertjax.models.attention import AttentionMask, attend
 from bertjax.models.config import BertConfig
 from bertjax.models.dropout import Dropout
@@ -197,7 +199,7 @@ class SelfAttention(nn.Module):
     batch, seq, _ = x.shape
 
     def heads(name: str) -> jax.Array:
-      y = make_dense(cfg, cfg.hidden_size, ("embed", "heads"), name)(x)  # [batch, seq, hidden]
+      y = make_dense(cfg, cfg.hidden_size, ("embed", "heads"), name, fp8=True)(x)  # [b, s, H]
       # [batch, seq, hidden] -> [batch, seq, heads, head_dim]
       return constrain(y.reshape(batch, seq, cfg.num_heads, cfg.head_dim), HEADS_AXES)
 
@@ -210,10 +212,10 @@ class SelfAttention(nn.Module):
     if cfg.fused_qkv:
       kernels, biases = zip(*(DenseParams(cfg, cfg.hidden_size, ("embed", "heads"), name=name)(
           x.shape[-1]) for name in ("query", "key", "value")))
-      kernel = jnp.stack(kernels, axis=1).astype(cfg.compute_dtype)  # 3 x [H, H] -> [H, 3, H]
+      kernel = jnp.stack(kernels, axis=1)  # 3 x [H, H] -> [H, 3, H]
       bias = jnp.stack(biases).astype(cfg.compute_dtype)  # 3 x [H] -> [3, H]
       # [batch, seq, H] x [H, 3, H] -> [batch, seq, 3, H]
-      qkv = jnp.einsum("bsh,hjd->bsjd", x.astype(cfg.compute_dtype), kernel) + bias
+      qkv = fp8.einsum(cfg, "bsh,hjd->bsjd", x, kernel) + bias
       # -> 3 x [batch, seq, heads, head_dim]
       query, key, value = (constrain(qkv[:, :, j].reshape(batch, seq, cfg.num_heads,
                                                            cfg.head_dim), HEADS_AXES)
@@ -227,7 +229,7 @@ class SelfAttention(nn.Module):
                         HEADS_AXES)
     context = context.reshape(batch, seq, cfg.hidden_size)  # -> [batch, seq, hidden]
     return make_dense(cfg, cfg.hidden_size, ("heads", "embed"), "output",
-                      stddev=cfg.output_init_stddev)(context)
+                      stddev=cfg.output_init_stddev, fp8=True)(context)
 
 
 class FeedForward(nn.Module):
@@ -238,9 +240,10 @@ class FeedForward(nn.Module):
   def __call__(self, x: jax.Array) -> jax.Array:
     """[batch, seq, hidden] -> [batch, seq, hidden] (no residual, no LayerNorm)."""
     cfg = self.config
-    h = make_dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "intermediate")(x)  # [b, s, F]
+    h = make_dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "intermediate",
+                   fp8=True)(x)  # [b, s, F]
     h = constrain(cfg.activation(h), MLP_AXES)
-    return make_dense(cfg, cfg.hidden_size, ("mlp", "embed"), "output")(h)  # [b, s, H]
+    return make_dense(cfg, cfg.hidden_size, ("mlp", "embed"), "output", fp8=True)(h)  # [b, s, H]
 
 
 class Layer(nn.Module):

@@ -94,6 +94,9 @@ class BertConfig:
       interpreter, for tests), 'xla' (`attention.local_attention`'s blocks in XLA) or 'auto'
       (xla until a GPU has measured the kernel, `banded_attention.use_banded`); shapes the
       kernel does not take get the XLA blocks. A run choice, not in bert_config.json.
+    fp8: the encoder's projections (attention q/k/v/output, feed-forward) as FP8 matmuls with
+      delayed scaling (`bertjax.models.fp8`: flax's fp8 ops; the embeddings and heads stay in
+      the compute dtype). A run choice, not in bert_config.json: the parameters are the same.
   """
   vocab_size: int = 30522
   hidden_size: int = 768
@@ -123,6 +126,7 @@ class BertConfig:
   rope_theta_local: float = 10_000.0
   pooling: str = "cls"
   local_kernel: str = "auto"
+  fp8: bool = False
 
   def __post_init__(self):
     for field in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
@@ -166,7 +170,7 @@ class BertConfig:
       raise ValueError(f"BertConfig.remat={self.remat!r}; use one of {list(REMATS)}.")
     if self.dropout_per_hash not in (2, 4):
       raise ValueError(f"BertConfig.dropout_per_hash={self.dropout_per_hash!r}; use 2 or 4.")
-    for field in ("causal", "fused_qkv"):
+    for field in ("causal", "fused_qkv", "fp8"):
       if not isinstance(getattr(self, field), bool):
         raise ValueError(f"BertConfig.{field}={getattr(self, field)!r}; it must be true or "
                          "false.")

@@ -63,7 +63,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bertjax.models import bert, bilstm, layers, modernbert
+from bertjax.models import bert, bilstm, fp8, layers, modernbert
 from bertjax.models.config import BertConfig
 from bertjax.models.dropout import Dropout
 
@@ -89,7 +89,7 @@ def _packing_kwargs(model: nn.Module, batch) -> dict:
 
 
 def apply_to_batch(model: nn.Module, params, batch, *, deterministic: bool,
-                   rngs: dict | None = None):
+                   rngs: dict | None = None, fp8_state=None):
   """`model`'s outputs on a batch dict: model(*(batch[k] for k in model.batch_keys)), with the
   packing keys the batch has (PACKING_KEYS) as keyword arguments.
 
@@ -98,18 +98,26 @@ def apply_to_batch(model: nn.Module, params, batch, *, deterministic: bool,
     params: its "params" collection.
     batch: {key: array}, with at least the model's batch_keys ([batch, seq] int32 inputs).
     deterministic: no dropout when True; else rngs must hold a 'dropout' key.
+    fp8_state: a model built with config.fp8: its scaling state (`bertjax.models.fp8`).
   Returns:
     what the model returns (logits, or a tuple of logits).
   """
-  return model.apply({"params": params}, *(batch[k] for k in model.batch_keys),
+  return model.apply(fp8.variables(params, fp8_state), *(batch[k] for k in model.batch_keys),
                      **_packing_kwargs(model, batch), deterministic=deterministic, rngs=rngs)
+
+
+def init_variables_from_batch(model: nn.Module, rng: jax.Array, batch) -> dict:
+  """A BertFor* model's freshly initialised variables for `batch`'s shapes (and packing keys,
+  as apply_to_batch): "params" (with logical axis boxes), and with config.fp8 the scaling
+  state (`bertjax.models.fp8.COLLECTION`)."""
+  return dict(model.init({"params": rng}, *(batch[k] for k in model.batch_keys),
+                         **_packing_kwargs(model, batch), deterministic=True))
 
 
 def init_from_batch(model: nn.Module, rng: jax.Array, batch):
   """A BertFor* model's freshly initialised "params" (with logical axis boxes) for `batch`'s
   shapes (and packing keys, as apply_to_batch)."""
-  return model.init({"params": rng}, *(batch[k] for k in model.batch_keys),
-                    **_packing_kwargs(model, batch), deterministic=True)["params"]
+  return init_variables_from_batch(model, rng, batch)["params"]
 
 
 def make_encoder(config: BertConfig, *, use_pooler: bool, token_head: bool = False,

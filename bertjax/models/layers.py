@@ -12,6 +12,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bertjax.models import fp8 as fp8_matmuls
 from bertjax.models.config import BertConfig
 
 
@@ -30,15 +31,18 @@ def kernel_init(config: BertConfig, axes: tuple[str | None, ...],
 
 
 def make_dense(config: BertConfig, features: int, axes: tuple[str | None, str | None], name: str,
-               dtype=None, use_bias: bool | None = None, stddev: float | None = None) -> nn.Dense:
+               dtype=None, use_bias: bool | None = None, stddev: float | None = None,
+               fp8: bool = False) -> nn.Dense:
   """A Dense [in, out] whose kernel carries `axes` and whose bias carries the output axis; with
-  a bias as `config.use_bias` says unless `use_bias` is given (a classifier always has one)."""
+  a bias as `config.use_bias` says unless `use_bias` is given (a classifier always has one).
+  `fp8`: one of the encoder's projections, an FP8 matmul where config.fp8 says
+  (`bertjax.models.fp8`; its scaling state a child module's, the parameters the same)."""
   return nn.Dense(
       features, dtype=dtype or config.compute_dtype, param_dtype=config.storage_dtype,
       use_bias=config.use_bias if use_bias is None else use_bias,
       kernel_init=kernel_init(config, axes, stddev=stddev),
       bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), (axes[1],)),
-      name=name)
+      dot_general_cls=fp8_matmuls.dot_general_cls(config, fp8), name=name)
 
 
 class DenseParams(nn.Module):

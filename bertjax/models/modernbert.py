@@ -38,8 +38,9 @@ ModernBertPreTrainedModel: truncated normal at two standard deviations, initiali
 the input projections and the embeddings, initializer_range / sqrt(2 L) for the kernels that
 write into the residual stream (attention and feed-forward outputs, the head's Dense).
 
-Precision: the residual stream is float32; matrix multiplies run in the compute dtype; the
-LayerNorms, the rotations, the softmax and the pooling are float32.
+Precision: the residual stream is float32; matrix multiplies run in the compute dtype (the
+layers' projections in FP8 with `fp8`, `bertjax.models.fp8`); the LayerNorms, the rotations,
+the softmax and the pooling are float32.
 """
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bertjax.models import bert
+from bertjax.models import bert, fp8
 from bertjax.models.attention import AttentionMask
 from bertjax.models.config import BertConfig
 from bertjax.models.dropout import Dropout
@@ -107,11 +108,10 @@ class GatedFeedForward(nn.Module):
     kernel = self.param("intermediate", kernel_init(cfg, ("embed", None, "mlp")),
                         (cfg.hidden_size, 2, cfg.intermediate_size), cfg.storage_dtype)
     # [b, s, H] x [H, 2, F] -> [b, s, 2, F]
-    h = jnp.einsum("bsh,hjf->bsjf", x.astype(cfg.compute_dtype),
-                   kernel.astype(cfg.compute_dtype))
+    h = fp8.einsum(cfg, "bsh,hjf->bsjf", x, kernel)
     h = constrain(cfg.activation(h[:, :, 0]) * h[:, :, 1], MLP_AXES)  # [b, s, F]
     return make_dense(cfg, cfg.hidden_size, ("mlp", "embed"), "output",
-                      stddev=cfg.output_init_stddev)(h)
+                      stddev=cfg.output_init_stddev, fp8=True)(h)
 
 
 class Layer(nn.Module):

@@ -75,6 +75,8 @@ class PretrainingModel:
   local_kernel: str = _bert_default("local_kernel")  # the local layers' kernel on the xla and
   # cudnn paths: auto (the fused Pallas kernel on a GPU where it fits, else XLA's blocks), xla
   # or pallas (off a GPU in the Pallas interpreter: slow)
+  fp8: bool = False  # the encoder layers' projections as FP8 matmuls with delayed scaling
+  # (bertjax.models.fp8; embeddings and heads stay in dtype); evaluation and exports in dtype
 
 
 @dataclasses.dataclass(frozen=True)

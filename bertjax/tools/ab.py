@@ -10,8 +10,8 @@ Rows are `bertjax.tools.accelerator_report`'s labels, MODELSEQ-ATTENTION-bBATCH[
 trains, on the benchmark's batch (`bertjax.tools.bench_batch`: every token real). A variant
 (VARIANTS) changes config fields of the row's step (fused QKV, bfloat16 MLM logits, tanh GELU, the
 PRNG, four dropout decisions a hash, remat, a bfloat16 first moment, ModernBERT's local layers by
-the Pallas banded kernel); each is built once per row and its step lowered once, and that
-lowering is compiled under each flag set (FLAG_SETS: XLA options, as
+the Pallas banded kernel, FP8 matmuls); each is built once per row and its step lowered once,
+and that lowering is compiled under each flag set (FLAG_SETS: XLA options, as
 `Lowered.compile(compiler_options=...)` takes them), side by side in threads. So the candidates
 of a row differ only in the variant's program and the compiler's choices.
 
@@ -68,6 +68,8 @@ VARIANTS = {
     # by XLA's blocks
     "pallas_local": (("model.local_kernel", "pallas"),),
     "xla_local": (("model.local_kernel", "xla"),),
+    # the encoder's projections as FP8 matmuls (flax's fp8 ops, delayed scaling)
+    "fp8": (("model.fp8", True),),
 }
 # name -> XLA options for the compile (GPU ones are ignored on a CPU, CPU ones on a GPU).
 FLAG_SETS = {

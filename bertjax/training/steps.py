@@ -27,14 +27,15 @@ from jax._src import config as jax_config  # the one flag below has no public co
 
 from bertjax import run_config
 from bertjax.errors import UserError
-from bertjax.models import heads, modernbert
+from bertjax.models import fp8, heads, modernbert
 from bertjax.training import compile_ahead, optim, parallel, schedules
 from bertjax.training import task as task_lib
 
 Params = Any
 # The train state: a plain dict so that checkpoints are readable without this code.
 #   step [] int32, params (tree), opt_state (optax tree), rng uint32 (the dropout base key's
-#   data: [2] for threefry, [4] for rbg and unsafe_rbg; orbax saves raw arrays, not typed keys).
+#   data: [2] for threefry, [4] for rbg and unsafe_rbg; orbax saves raw arrays, not typed keys),
+#   and for an fp8 model (`bertjax.models.fp8`) fp8: its scaling state (tree, replicated).
 TrainState = dict[str, Any]
 # train.prng_impl -> jax's name. threefry (jax's default) keeps every result of earlier runs;
 # rbg and unsafe_rbg (maxtext trains with unsafe_rbg) draw through XLA's RngBitGenerator, which
@@ -119,26 +120,26 @@ def make_train_step(task: task_lib.Task,
   the whole batch instead.
   """
 
-  def outputs_of(params, batch, rng):
+  def outputs_of(params, fp8_state, batch, rng):
     return heads.apply_to_batch(task.model_for(batch), params, batch, deterministic=False,
-                                rngs={"dropout": rng})
+                                rngs={"dropout": rng}, fp8_state=fp8_state)
 
   def weights_of(terms):
     """{loss term: its total weight}, at least 1e-5 (a batch may hold none)."""
     return {name: jnp.maximum(jnp.sum(weights), 1e-5)
             for name, (_, weights) in terms.items() if task_lib.is_loss(name)}
 
-  def total_weights(params, batch):
+  def total_weights(params, fp8_state, batch):
     """{loss term: its weight over `batch`}, for micro-batches; the weights need no forward
     pass, so XLA drops the loss arithmetic run here on zero outputs."""
-    shapes = jax.eval_shape(outputs_of, params, batch, jax.random.PRNGKey(0))
+    shapes = jax.eval_shape(outputs_of, params, fp8_state, batch, jax.random.PRNGKey(0))
     zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
     return weights_of(task.terms(zeros, batch))
 
-  def objective(params, batch, rng, totals=None):
+  def objective(params, fp8_state, batch, rng, totals=None):
     """(the loss: each term's weighted sum over its total weight, `totals` or, for a whole
     batch, its own; the terms' averages)."""
-    terms = task.terms(outputs_of(params, batch, rng), batch)
+    terms = task.terms(outputs_of(params, fp8_state, batch, rng), batch)
     totals = jax.lax.stop_gradient(weights_of(terms)) if totals is None else totals
     loss = sum(jnp.sum(terms[name][0] * terms[name][1]) / total
                for name, total in totals.items())
@@ -148,30 +149,33 @@ def make_train_step(task: task_lib.Task,
                  learning_rate: jax.Array) -> tuple[TrainState, Any]:
     rng = jax.random.fold_in(jax.random.wrap_key_data(state["rng"], impl=PRNG_IMPLS[prng]),
                              state["step"])
+    # An fp8 model's scaling state (`bertjax.models.fp8`): its "gradient" is its next value.
+    fp8_state = state.get("fp8", {})
+    gradient = jax.value_and_grad(objective, argnums=(0, 1), has_aux=True)
     if task.gradient is not None:  # the task differentiates its own loss (one batch)
       terms, grads = task.gradient(state["params"], batch, rng)
       averages = task_lib.averages(terms)
       loss = sum(metric.compute() for name, metric in averages.items() if task_lib.is_loss(name))
     elif grad_accum_steps == 1:
-      (loss, averages), grads = jax.value_and_grad(objective, has_aux=True)(
-          state["params"], batch, rng)
+      (loss, averages), (grads, fp8_state) = gradient(state["params"], fp8_state, batch, rng)
     else:
       # [B, ...] -> [B/k, k, ...] -> [k, B/k, ...]
-      totals = total_weights(state["params"], batch)
-      gradient = jax.value_and_grad(objective, has_aux=True)
+      totals = total_weights(state["params"], fp8_state, batch)
       micro = jax.tree.map(
           lambda x: x.reshape(x.shape[0] // grad_accum_steps, grad_accum_steps,
                               *x.shape[1:]).swapaxes(0, 1), batch)
 
-      def accumulate(carry, inputs):
-        index, micro_batch = inputs
-        out = gradient(state["params"], micro_batch, jax.random.fold_in(rng, index), totals)
-        return jax.tree.map(jnp.add, carry, out), None
+      def accumulate(carry, inputs):  # gradients summed; the fp8 state from one to the next
+        (summed, fp8_state), (index, micro_batch) = carry, inputs
+        out, (grads, fp8_state) = gradient(state["params"], fp8_state, micro_batch,
+                                           jax.random.fold_in(rng, index), totals)
+        return (jax.tree.map(jnp.add, summed, (out, grads)), fp8_state), None
 
-      zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(
-          gradient, state["params"], jax.tree.map(lambda x: x[0], micro), rng, totals))
-      ((loss, averages), grads), _ = jax.lax.scan(
-          accumulate, zeros, (jnp.arange(grad_accum_steps), micro))
+      out, (grads, _) = jax.eval_shape(gradient, state["params"], fp8_state,
+                                       jax.tree.map(lambda x: x[0], micro), rng, totals)
+      zeros = jax.tree.map(jnp.zeros_like, (out, grads))
+      (((loss, averages), grads), fp8_state), _ = jax.lax.scan(
+          accumulate, (zeros, fp8_state), (jnp.arange(grad_accum_steps), micro))
 
     tx = tx_at(lambda _: learning_rate)
     updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
@@ -189,6 +193,8 @@ def make_train_step(task: task_lib.Task,
         **averages, **{k: clu_metrics.Average.from_model_output(v) for k, v in scalars.items()},
         learning_rate=clu_metrics.LastValue.from_model_output(learning_rate))
     new_state = dict(state, step=state["step"] + 1, params=params, opt_state=opt_state)
+    if "fp8" in state:
+      new_state["fp8"] = fp8_state
     return new_state, metrics
 
   return train_step
@@ -198,10 +204,12 @@ def make_eval_step(task: task_lib.Task, *, with_terms: bool = True):
   """Returns the pure `eval_step(params, batch) -> (clu Collection of the terms, predictions)`:
   one forward pass without dropout; predictions ({} without `task.predict`) carry the batch's
   example_weight, so padding rows can be dropped. Without terms (for sets without labels) the
-  Collection is empty."""
+  Collection is empty. An fp8 model is evaluated in its compute dtype, as it exports
+  (`bertjax.models.fp8.without_fp8`)."""
 
   def eval_step(params, batch):
-    outputs = heads.apply_to_batch(task.model_for(batch), params, batch, deterministic=True)
+    outputs = heads.apply_to_batch(fp8.without_fp8(task.model_for(batch)), params, batch,
+                                   deterministic=True)
     weight = batch["example_weight"]
     # Padded rows or packed slots (example_weight [batch] or [batch, k], 0) count for no term.
     terms = {name: (values, weights * weight.reshape(weight.shape
@@ -278,19 +286,27 @@ def build(config: run_config.TrainingRun, task: task_lib.Task, init_batch: task_
   rng = jax.random.key(config.seed, impl=PRNG_IMPLS[prng])
   init_rng, dropout_rng = jax.random.split(rng)
 
-  init_params = functools.partial(heads.init_from_batch, task.model)
-  boxed = jax.eval_shape(init_params, init_rng, init_batch)
-  params_sharding = parallel.param_shardings(boxed, mesh)
-  abstract_params = nn.unbox(boxed)
+  init_variables = functools.partial(heads.init_variables_from_batch, task.model)
+  boxed = jax.eval_shape(init_variables, init_rng, init_batch)
+  params_sharding = parallel.param_shardings(boxed["params"], mesh)
+  abstract_params = nn.unbox(boxed["params"])
   state_sharding = dict(
       step=parallel.replicated(mesh), params=params_sharding,
       opt_state=parallel.optimizer_state_shardings(tx, abstract_params, params_sharding, mesh),
       rng=parallel.replicated(mesh))
+  # An fp8 model's scaling state (a few kB a matmul), replicated, beside the parameters: no
+  # optimizer, clip or norm sees it; a model without fp8 has no "fp8" entry.
+  fp8_shapes = boxed.get(fp8.COLLECTION)
+  if fp8_shapes is not None:
+    check_fp8(config, task)
+    state_sharding["fp8"] = jax.tree.map(lambda _: parallel.replicated(mesh), fp8_shapes)
 
   def init_state() -> TrainState:
-    params = nn.unbox(init_params(init_rng, init_batch))
-    return dict(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-                rng=jax.random.key_data(dropout_rng))
+    variables = nn.unbox(init_variables(init_rng, init_batch))
+    params = variables["params"]
+    state = dict(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                 rng=jax.random.key_data(dropout_rng))
+    return dict(state, fp8=variables[fp8.COLLECTION]) if fp8_shapes is not None else state
 
   jitted_init = jax.jit(under_mesh(mesh, init_state), out_shardings=state_sharding)
 
@@ -310,7 +326,8 @@ def build(config: run_config.TrainingRun, task: task_lib.Task, init_batch: task_
   state_shapes = dict(
       step=jax.ShapeDtypeStruct((), jnp.int32), params=abstract_params,
       opt_state=jax.eval_shape(tx.init, abstract_params),
-      rng=jax.eval_shape(jax.random.key_data, dropout_rng))
+      rng=jax.eval_shape(jax.random.key_data, dropout_rng),
+      **({} if fp8_shapes is None else {"fp8": fp8_shapes}))
   abstract_state = jax.tree.map(
       lambda shape, sharding: jax.ShapeDtypeStruct(shape.shape, shape.dtype, sharding=sharding),
       state_shapes, state_sharding)
@@ -332,6 +349,14 @@ def build(config: run_config.TrainingRun, task: task_lib.Task, init_batch: task_
                init_state=lambda: compile_init()(), compile_init=compile_init,
                train_step=train_step, eval_step=eval_step, predict_step=predict_step,
                learning_rate=host_schedule(schedule))
+
+
+def check_fp8(config: run_config.TrainingRun, task: task_lib.Task) -> None:
+  """Raises UserError where an fp8 model (config.model.fp8) meets what cannot carry its
+  scaling state: a task that differentiates its own loss (`task.Task.gradient`)."""
+  if task.gradient is not None:
+    raise UserError(f"model.fp8=true: task {config.task!r} computes its own gradient, which "
+                    "does not carry fp8's scaling state; set --config.model.fp8=false.")
 
 
 def host_schedule(schedule: optax.Schedule) -> Callable[[int], np.ndarray]:
