@@ -153,7 +153,8 @@ def test_scaling_state_is_beside_the_parameters_not_in_them(curves):
 
 
 def test_resume_from_a_checkpoint_is_bitwise_an_uninterrupted_run(curves, tmp_path):
-  """4 steps, a checkpoint, 4 more from it = 8 steps straight: parameters and fp8 state."""
+  """4 steps, a checkpoint, 4 more from it = 8 steps straight: parameters and fp8 state. A run
+  without fp8 is told how to resume it."""
   config, task, setup, *_ = curves
   _, straight, _ = _run(task, config, 8, setup)
   _, halfway, _ = _run(task, config, 4, setup)
@@ -165,6 +166,12 @@ def test_resume_from_a_checkpoint_is_bitwise_an_uninterrupted_run(curves, tmp_pa
   for key in ("params", "fp8", "opt_state"):
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(resumed[key]),
                  jax.device_get(straight[key]))
+  plain = steps.build(config, _fp8_task(config, False), test_train._first_batch(task),
+                      setup.mesh).abstract_state
+  with checkpoint.Checkpoints(tmp_path, save_every_steps=1, keep=1) as checkpoints:
+    with pytest.raises(UserError, match="written with model.fp8=true; resume with "
+                                        "--config.model.fp8=true, or use a new --workdir"):
+      checkpoints.restore(plain)
 
 
 def test_gradient_accumulation_carries_the_state_through_micro_batches(curves):

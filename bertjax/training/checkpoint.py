@@ -214,6 +214,12 @@ class Checkpoints:
     if not saved:
       raise FileNotFoundError(
           f"no arrays named in {self._step_dir(step) / layout.STATE_ITEM}/_METADATA")
+    with_fp8 = "fp8" in saved  # an fp8 model's scaling state (`bertjax.training.steps`)
+    if isinstance(abstract_state, dict) and with_fp8 != ("fp8" in abstract_state):
+      raise UserError(
+          f"the checkpoint at step {step} in {self.directory} was written with model.fp8="
+          f"{str(with_fp8).lower()}; resume with --config.model.fp8={str(with_fp8).lower()}, or "
+          "use a new --workdir. Nothing was changed.")
     diffs = layout.shape_differences(layout.flat_shapes(saved),
                                      layout.flat_shapes(abstract_state))
     if diffs:
