@@ -2,13 +2,15 @@
 which of the model's matmuls take it, and where its scaling state lives.
 
 The op is flax's (`flax.linen.fp8_ops`, what maxtext's quantization=fp8 runs): each matmul
-quantizes its input and kernel to float8_e4m3fn and its output's gradient to float8_e5m2, each by
-a scale from the largest magnitude (amax) of the last AMAX_HISTORY_LENGTH steps' tensors (delayed
-scaling, as Transformer Engine's DelayedScaling recipe: history 1024, scale = e4m3's max / the
-history's max, no margin). Flax's op is chosen over Transformer Engine's JAX layers because it
-runs here, on the CPU (emulated: XLA computes the float8 dot in float32), with no CUDA wheels, and
-needs no other module around it; a GPU A/B (`bertjax.tools.ab`'s fp8 variant) must confirm
-that XLA gives it the GPU's FP8 GEMMs at a speed worth having.
+quantizes its input and kernel to float8_e4m3fn and its output's gradient to float8_e5m2, each
+divided by a scale made from the largest magnitude (amax) of that tensor over the last
+AMAX_HISTORY_LENGTH steps, this one's excluded (delayed scaling, as Transformer Engine's
+DelayedScaling recipe: history 1024, the history's max, no margin): scale = amax / the format's
+largest value (448 for e4m3, 57,344 for e5m2); 1 while the history is empty (the first step).
+Flax's op is chosen over Transformer Engine's JAX layers because it runs here, emulated on the
+CPU, with no CUDA wheels, and is nn.Dense's own `dot_general_cls`, needing no other module
+around it; a GPU A/B (`bertjax.tools.ab`'s fp8 variant) must confirm that XLA gives it the GPU's
+FP8 GEMMs at a speed worth having.
 
 Which matmuls (as NVIDIA's recipes keep the first and last layers in higher precision): the
 attention's query, key, value and output projections and the feed-forward's (BERT's two Dense,
