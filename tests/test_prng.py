@@ -94,13 +94,13 @@ def test_only_the_init_is_lowered_with_threefrys_gpu_kernel(monkeypatch):
   this shows where it is set)."""
   flag = steps.jax_config.threefry_gpu_kernel_lowering
   seen = {"init": [], "train": []}
-  init_from_batch = heads.init_from_batch
+  init_variables_from_batch = heads.init_variables_from_batch  # what steps.build inits with
 
   def recorded_init(*args):
     seen["init"].append(flag.value)
-    return init_from_batch(*args)
+    return init_variables_from_batch(*args)
 
-  monkeypatch.setattr(heads, "init_from_batch", recorded_init)
+  monkeypatch.setattr(heads, "init_variables_from_batch", recorded_init)
   task, batch = _task(), _batch()
 
   def recorded_terms(outputs, batch):
