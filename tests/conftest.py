@@ -61,39 +61,42 @@ from bertjax.models.config import BertConfig, bert_config
 # prepared corpus or fine-tuned model) again; and a long test dealt out last runs alone at the end.
 # Here each module goes whole to one worker (xdist's loadfile), and the modules are handed out
 # longest first (longest processing time first: the short ones fill the gaps at the end). COSTS:
-# a module's seconds on one worker of `-n 2 --durations=0` on the 2-core machine (2026-11-28, the
-# quick-compile flags above), for the modules over 15 s; only their order matters, and a module
-# not listed runs after them, in collection order. `--dist` given on the command line is kept as
-# given.
+# a module's CPU seconds, its tests' and the processes they start (2026-12-01, a pytest hook's
+# getrusage of each test under -n 2, scaled by 0.7 for the load it ran beside), for the modules
+# over 15 s; only their order matters, and a module not listed runs after them, in collection
+# order. `--dist` given on the command line is kept as given.
 COSTS = {
-    "test_pretraining.py": 156,
-    "test_divergence.py": 117,
-    "test_multihost.py": 84,
-    "test_embeddings_training.py": 66,
-    "test_transfer_study.py": 58,
-    "test_modernbert_finetuning.py": 56,
-    "test_audit.py": 55,
-    "test_colab.py": 49,
-    "test_faults_workdir.py": 46,
-    "test_pretraining_parity.py": 44,
-    "test_docs.py": 40,
-    "test_modernbert_paths.py": 36,
-    "test_modernbert_pretraining.py": 35,
-    "test_faults_checkpoint.py": 32,
-    "test_ablations_readme_runs.py": 32,
-    "test_train.py": 31,
-    "test_faults_vocab.py": 30,
+    "test_pretraining.py": 136,
+    "test_divergence.py": 116,
+    "test_multihost.py": 96,
+    "test_embeddings_training.py": 60,
+    "test_audit.py": 52,
+    "test_transfer_study.py": 50,
+    "test_colab.py": 50,
+    "test_modernbert_finetuning.py": 46,
+    "test_pretraining_parity.py": 45,
+    "test_faults_workdir.py": 42,
+    "test_docs.py": 33,
+    "test_modernbert_pretraining.py": 32,
+    "test_readme.py": 31,
+    "test_ablations_readme_runs.py": 30,
+    "test_modernbert_paths.py": 30,
     "test_fast_recipe.py": 29,
-    "test_readme.py": 28,
-    "test_prng.py": 28,
-    "test_feature_based.py": 26,
-    "test_sweep.py": 24,
-    "test_accelerator_report.py": 21,
+    "test_faults_vocab.py": 28,
+    "test_feature_based.py": 28,
+    "test_train.py": 27,
+    "test_prng.py": 26,
+    "test_faults_checkpoint.py": 26,
+    "test_ab.py": 24,
+    "test_glue.py": 21,
+    "test_fp8.py": 20,
     "test_bench.py": 20,
-    "test_ab.py": 20,
-    "test_embed.py": 19,
-    "test_convert_modernbert_parity.py": 17,
-    "test_glue.py": 16,
+    "test_accelerator_report.py": 19,
+    "test_convert_modernbert_parity.py": 19,
+    "test_distributed.py": 18,
+    "test_embed.py": 17,
+    "test_sweep.py": 17,
+    "test_bilstm.py": 15,
 }
 
 
