@@ -64,8 +64,8 @@ VARIANTS = {
     "remat_dots": (("model.remat", "dots"),),
     "bf16_mu": (("train.mu_dtype", "bfloat16"),),
     "dropout_per_hash4": (("model.dropout_per_hash", 4),),
-    # ModernBERT rows: the local layers by the Pallas banded kernel (auto's choice on a GPU) or
-    # by XLA's blocks
+    # ModernBERT rows: the local layers by the Pallas banded kernel, or by XLA's blocks (what
+    # local_kernel auto takes until a GPU has decided)
     "pallas_local": (("model.local_kernel", "pallas"),),
     "xla_local": (("model.local_kernel", "xla"),),
     # the encoder's projections as FP8 matmuls (flax's fp8 ops, delayed scaling)
