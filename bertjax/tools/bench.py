@@ -42,7 +42,8 @@ whole step: forward with dropout 0.1, MLM + NSP loss, backward, clipping to glob
 an AdamW update.
 
 - bertjax: the trainer's own step, `steps.build(config, task, batch, mesh).train_step(state,
-  batch, learning_rate)` (jitted, donated state) with the recipe's optimizer fields, the model of `--size`.
+  batch, learning_rate)` (jitted, donated state) with the recipe's optimizer fields, the model
+  of `--size`.
 - torch: `transformers.BertForPreTraining` in train mode, `torch.optim.AdamW(lr=1e-4,
   betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01)`, loss = MLM (labels -100 off the masked
   positions, as HF does) + NSP, `clip_grad_norm_(1.0)`, step, zero_grad. bfloat16 runs under

@@ -7,8 +7,9 @@ names. The train step is pure, `train_step(state, batch, learning_rate) -> (stat
 with donated state, the step's rate an argument (the schedule's numbers are not in the program,
 so runs of other lengths share it) and the dropout key folded from the step; the eval step is
 one forward pass without dropout for a task's metric terms and predictions
-(`bertjax.training.task`). `evaluate` runs it over the held-out batches; `compiled_ahead` compiles the steps for the shapes a run will meet,
-side by side (`bertjax.training.compile_ahead`).
+(`bertjax.training.task`). `evaluate` runs it over the held-out batches; `compiled_ahead`
+compiles the steps for the shapes a run will meet, side by side
+(`bertjax.training.compile_ahead`).
 """
 from __future__ import annotations
 
