@@ -17,9 +17,9 @@ CausalMask (tests/test_ablations_causal.py).
 
 A local layer (ModernBERT's sliding window, `BertConfig.window`) attends only keys within the
 window, on every path: 'reference' by the dense banded mask, splash by its LocalMask, and
-'xla' and 'cudnn' by the fused Pallas kernel on a GPU (`bertjax.models.banded_attention`,
-BertConfig.local_kernel) or block by block in XLA (`local_attention`: each block of queries
-against its own and the two neighbouring blocks of keys, O(seq x window)); cuDNN's window is
+'xla' and 'cudnn' block by block in XLA (`local_attention`: each block of queries against its
+own and the two neighbouring blocks of keys, O(seq x window)), or with BertConfig.local_kernel
+'pallas' by the fused banded kernel (`bertjax.models.banded_attention`); cuDNN's window is
 one-sided, so where neither fits (`local_blocks`) it reads the band as a mask.
 
 Who may attend to whom is an `AttentionMask`: the batch's input_mask, and for a packed batch
