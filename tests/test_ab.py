@@ -4,7 +4,6 @@ commands as written, a compile that fails, the budget, bad flags."""
 import json
 import os
 import shlex
-import subprocess
 import sys
 
 import pytest
@@ -12,6 +11,7 @@ import pytest
 import docs_text
 from bertjax.tools import ab
 from conftest import cpu_env
+import warm_python
 
 ROOT = docs_text.ROOT
 
@@ -34,8 +34,7 @@ def test_the_docs_commands_run_as_written(tmp_path):
   args = _docs_command("bertjax.tools.ab --smoke")
   out = tmp_path / "ab"
   args = [f"--out={out}" if a.startswith("--out=") else a for a in args]
-  run = subprocess.run([sys.executable, *args[1:]], cwd=ROOT, env=cpu_env(), capture_output=True,
-                       text=True, timeout=600, check=False)
+  run = warm_python.run([sys.executable, *args[1:]], cwd=ROOT, env=cpu_env(), timeout=600)
   assert run.returncode == 0, run.stderr[-3000:]
   lines = _lines(out)
   expected = [(v, f) for v in ("base", "fused_qkv") for f in ("default", "cpu_o1")]
@@ -75,10 +74,9 @@ def test_a_failing_compile_is_recorded_and_the_rest_run(monkeypatch, tmp_path, c
 
 def test_the_accelerator_report_hands_ab_its_flags_and_the_budget_stops_it(tmp_path):
   """--ab through the report (no wheels here); a budget of 0 starts nothing, and says so."""
-  run = subprocess.run([sys.executable, "-m", "bertjax.tools.accelerator_report", "--ab",
-                        "--smoke", "--rows=base128-xla-b32", "--budget_s=0",
-                        f"--out={tmp_path}"], cwd=ROOT, env=cpu_env(), capture_output=True,
-                       text=True, timeout=300, check=False)
+  run = warm_python.run([sys.executable, "-m", "bertjax.tools.accelerator_report", "--ab",
+                         "--smoke", "--rows=base128-xla-b32", "--budget_s=0",
+                         f"--out={tmp_path}"], cwd=ROOT, env=cpu_env(), timeout=300)
   assert run.returncode == 0, run.stderr[-3000:]
   assert [line.get("skipped") for line in _lines(tmp_path)] == ["budget"] * 3
   assert "base128-xla-b32 (" in run.stdout

@@ -7,7 +7,6 @@ mask while the converters refuse the model.
 import json
 import os
 import shlex
-import subprocess
 import sys
 
 import jax
@@ -28,6 +27,7 @@ from bertjax.tasks import finetuning
 
 from ablations_helpers import CONFIG, jit
 from conftest import cpu_env
+import warm_python
 from test_readme import _section_commands, write_corpus_slice
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -43,8 +43,7 @@ def readme_runs(tmp_path_factory):
   env = cpu_env(optimized=True)  # the tiny config's sizes: XLA's optimized code repays it
   for command in commands:
     args = shlex.split(command)
-    out = subprocess.run([sys.executable, *args[1:]], cwd=root, env=env, capture_output=True,
-                         text=True, timeout=600, check=False)
+    out = warm_python.run([sys.executable, *args[1:]], cwd=root, env=env, timeout=600)
     assert out.returncode == 0, (command, out.stderr[-3000:])
   return root
 

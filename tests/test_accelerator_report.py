@@ -22,6 +22,7 @@ from bertjax.tools import bench_rows, init_compile
 from bertjax.training import steps
 
 import docs_text
+import warm_python
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TITLES = ("row", "attention", "B", "pk", "fill", "remat", "prng", "step ms", "tokens/s", "MFU",
@@ -39,8 +40,7 @@ def _readme_commands():
 def _run(args, cwd):
   # The real rows are prepared under the test's own cache (bench's default --rows_dir).
   env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu", XDG_CACHE_HOME=str(cwd / "cache"))
-  return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True,
-                        text=True, timeout=600, check=False)
+  return warm_python.run([sys.executable, *args], cwd=cwd, env=env, timeout=600)
 
 
 def test_readme_smoke_command_runs_as_written(tmp_path):

@@ -7,7 +7,6 @@ import importlib
 import os
 import pathlib
 import re
-import subprocess
 import sys
 
 import dataclasses
@@ -22,6 +21,8 @@ from bertjax import run_config, tasks
 from bertjax.configs import base, finetuning, modernbert, squad, tiny
 from bertjax.errors import UserError
 from bertjax.training import steps
+
+import warm_python
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(ROOT, "bertjax", "configs")
@@ -224,10 +225,9 @@ def test_a_config_file_found_nowhere_stops_with_one_line(spec, tmp_path, monkeyp
     ("configs/nope.py", "no config file configs/nope.py")])
 def test_main_finds_configs_from_another_directory(config, message, tmp_path):
   """The installed bertjax runs --config=configs/... from a directory without configs/."""
-  result = subprocess.run(
+  result = warm_python.run(
       [sys.executable, "-m", "bertjax.main", f"--config={config}", f"--workdir={tmp_path}/w",
-       "--config.task=nope"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-      check=False)
+       "--config.task=nope"], cwd=tmp_path, timeout=120)
   assert result.returncode == 2, result.stderr
   assert result.stderr.startswith("bertjax: error: ") and message in result.stderr
   assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr

@@ -3,7 +3,6 @@ and its export loads in transformers with the same logits; a masked-LM checkpoin
 fresh NSP head and pooler; a non-empty --dst, a missing --src and a bad choice are refused."""
 import json
 import os
-import subprocess
 import sys
 
 import jax
@@ -18,6 +17,8 @@ from bertjax.convert import hf, hf_files
 from convert_hf_helpers import (VOCAB, _assert_trees_equal, _batch, _fresh_params, _save_hf,
                                 _torch_out)
 from convert_hf_helpers import pretraining  # noqa: F401  (the fixture)
+
+import warm_python
 
 
 def test_cli_from_hf_then_load_params_then_to_hf(tmp_path, pretraining, capsys):
@@ -83,8 +84,8 @@ def test_cli_refuses_non_empty_dst(tmp_path, pretraining, capsys):
 
 
 def test_cli_as_module_errors_and_choices(tmp_path):
-  run = lambda *args: subprocess.run([sys.executable, "-m", "bertjax.convert", *args],
-                                     capture_output=True, text=True, timeout=120)
+  run = lambda *args: warm_python.run([sys.executable, "-m", "bertjax.convert", *args],
+                                      timeout=120)
   result = run("--to=hf", f"--src={tmp_path / 'absent'}", f"--dst={tmp_path / 'out'}")
   assert result.returncode == 2 and "is not a directory" in result.stderr
   assert result.stderr.startswith("convert: error: --src=")

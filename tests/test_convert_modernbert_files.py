@@ -13,7 +13,6 @@ for each config.json bertjax cannot represent.
 import json
 import os
 import shlex
-import subprocess
 import sys
 
 import numpy as np
@@ -34,6 +33,8 @@ from bertjax.modeldir import saved_params
 from convert_modernbert_helpers import (HF_CLASSES, NUM_LABELS, SPECIALS, hf_config, hf_model,
                                         padded_batch, state_dict)
 from test_readme import ROOT, _readme_commands
+
+import warm_python
 
 # config.json fields transformers writes that are not the model: provenance, the dtype it ran
 # in, and runtime switches.
@@ -289,9 +290,9 @@ def test_the_readme_modernbert_command_runs_as_written(tmp_path):
   src = tmp_path / "MODERNBERT_DIR"
   src.mkdir()
   hf_model("ModernBertForMaskedLM", vocab_size=_tokenizer_dir(src)).save_pretrained(str(src))
-  out = subprocess.run([sys.executable, "-m", "bertjax.convert", *args], cwd=tmp_path,
-                       env=dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu"),
-                       capture_output=True, text=True, timeout=300, check=False)
+  out = warm_python.run([sys.executable, "-m", "bertjax.convert", *args], cwd=tmp_path,
+                        env=dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu"),
+                        timeout=300)
   assert out.returncode == 0, (shlex.join(args), out.stderr[-3000:])
   assert model_files.load_bert_config(str(tmp_path / "OUT")).architecture == "modernbert"
 

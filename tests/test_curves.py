@@ -4,11 +4,11 @@ reports.SECONDS_BETWEEN_DRAWS) and at its end; and the README's redraw command.
 """
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 from conftest import GLUE_VOCAB
+import warm_python
 
 from bertjax import tasks
 from bertjax.training import curves, reports
@@ -101,9 +101,8 @@ def test_a_run_draws_after_each_evaluation_and_at_its_end(seconds_between_draws,
 def test_the_readme_redraw_command(tmp_path):
   """`python -m bertjax.training.curves DIR` as the README writes it, run where DIR is a workdir."""
   _write_log(tmp_path / "DIR")
-  out = subprocess.run([sys.executable, "-m", "bertjax.training.curves", "DIR"], cwd=tmp_path,
-                       env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True, text=True,
-                       timeout=300, check=False)
+  out = warm_python.run([sys.executable, "-m", "bertjax.training.curves", "DIR"], cwd=tmp_path,
+                        env=dict(os.environ, PYTHONPATH=ROOT), timeout=300)
   assert out.returncode == 0, out.stderr[-2000:]
   assert (tmp_path / "DIR" / "curves.png").read_bytes().startswith(PNG_SIGNATURE)
 

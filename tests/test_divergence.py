@@ -37,6 +37,7 @@ from bertjax.training import checkpoint, curves, divergence, train
 
 import spike_data
 from conftest import GLUE_VOCAB, cpu_env
+import warm_python
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BATCH = 8
@@ -49,11 +50,10 @@ def prepared(corpus, tmp_path_factory):
   """The test corpus prepared once (32-token pairs), shared by the runs."""
   text_file, vocab = corpus
   data = tmp_path_factory.mktemp("prepared") / "data"
-  out = subprocess.run([sys.executable, "-m", "bertjax.data.prepare", f"--input={text_file}",
-                        f"--vocab={vocab}", f"--output_dir={data}", "--max_seq_length=32,64",
-                        "--max_predictions_per_seq=5,10", "--dupe_factor=2", "--eval_fraction=0.1"],
-                       env=cpu_env(), cwd=ROOT, capture_output=True, text=True, timeout=300,
-                       check=False)
+  out = warm_python.run([sys.executable, "-m", "bertjax.data.prepare", f"--input={text_file}",
+                         f"--vocab={vocab}", f"--output_dir={data}", "--max_seq_length=32,64",
+                         "--max_predictions_per_seq=5,10", "--dupe_factor=2",
+                         "--eval_fraction=0.1"], env=cpu_env(), cwd=ROOT, timeout=300)
   assert out.returncode == 0, out.stderr[-3000:]
   return str(data)
 
@@ -188,11 +188,10 @@ def test_bad_settings_are_refused(fields, expected):
 def test_bad_setting_on_the_command_line_is_one_message(prepared, tmp_path):
   """Refused before anything is written to the workdir."""
   workdir = tmp_path / "run"
-  out = subprocess.run([sys.executable, "-m", "bertjax.main", "--config=configs/tiny.py",
-                        f"--workdir={workdir}",
-                        *_flags(prepared, "--config.divergence.window=0")],
-                       env=cpu_env(), cwd=ROOT, capture_output=True, text=True, timeout=300,
-                       check=False)
+  out = warm_python.run([sys.executable, "-m", "bertjax.main", "--config=configs/tiny.py",
+                         f"--workdir={workdir}",
+                         *_flags(prepared, "--config.divergence.window=0")],
+                        env=cpu_env(), cwd=ROOT, timeout=300)
   assert out.returncode == 2, out.stderr[-3000:]
   assert "bertjax: error: divergence.window=0 must be at least 1" in out.stderr
   assert "--config.divergence.window" in out.stderr and "Traceback" not in out.stderr
@@ -255,13 +254,11 @@ def test_killed_after_a_rollback_and_rerun_ends_the_same(rolled_back, prepared, 
              f"{SPIKE[0]}:{SPIKE[1]}", ":".join(map(str, kill)),
              "--config=configs/tiny.py", f"--workdir={workdir}",
              *_flags(prepared, "--config.train.grad_accum_steps=2")]
-  out = subprocess.run(command, env=cpu_env(), cwd=ROOT, capture_output=True, text=True,
-                       timeout=300, check=False)
+  out = warm_python.run(command, env=cpu_env(), cwd=ROOT, timeout=300)
   assert out.returncode == -9, out.stderr[-3000:]
   assert "divergence: a loss spike at step 40" in out.stdout + out.stderr
   command[3] = "-"  # the same command, without the kill
-  out = subprocess.run(command, env=cpu_env(), cwd=ROOT, capture_output=True, text=True,
-                       timeout=300, check=False)
+  out = warm_python.run(command, env=cpu_env(), cwd=ROOT, timeout=300)
   assert out.returncode == 0, out.stderr[-3000:]
   resumed = int(re.search(r"resuming from step (\d+)", out.stdout).group(1))
   assert resumed == resumes_from or resumes_from == 40 and resumed == 44, out.stdout
@@ -325,8 +322,8 @@ def test_two_hosts_take_the_same_rollback(prepared, tmp_path):
            for out in outputs]
   assert len(lines[0]) == 1 and lines[0] == lines[1], lines
   one = tmp_path / "one"
-  out = subprocess.run(command + [f"--workdir={one}"], env=cpu_env(4), cwd=ROOT,
-                       capture_output=True, text=True, timeout=300, check=False)
+  out = warm_python.run(command + [f"--workdir={one}"], env=cpu_env(4), cwd=ROOT,
+                        timeout=300)
   assert out.returncode == 0, out.stderr[-3000:]
   where = lambda r: (r["step"], r["restored_step"], r["skipped_batches"], r["data_position"])
   assert ([where(r) for r in _records(tmp_path / "two", "rollback")]
@@ -415,9 +412,8 @@ def test_margins_replay_a_logged_run(rolled_back):
   """The rolled-back run as logged (the spiked step replaced by the steps retrained): below
   the tests everywhere; a window of 2 with a ratio of 1.01 makes an early step diverge."""
   spiked, _ = rolled_back
-  out = subprocess.run([sys.executable, "-m", "bertjax.tools.divergence_margins",
-                        f"--workdir={spiked}"], env=cpu_env(), cwd=ROOT, capture_output=True,
-                       text=True, timeout=120, check=False)
+  out = warm_python.run([sys.executable, "-m", "bertjax.tools.divergence_margins",
+                         f"--workdir={spiked}"], env=cpu_env(), cwd=ROOT, timeout=120)
   assert out.returncode == 0, out.stderr[-3000:]
   assert "settings: window=8, loss_zscore=6, loss_ratio=1.25" in out.stdout, out.stdout
   margin = float(out.stdout.split(f"loss: {STEPS - 8} steps tested, margin ")[1].split()[0])

@@ -8,7 +8,6 @@ import os
 import re
 import shlex
 import shutil
-import subprocess
 import sys
 
 import torch
@@ -16,6 +15,7 @@ import transformers
 
 import docs_text
 from conftest import GLUE_VOCAB, cpu_env
+import warm_python
 
 ROOT = docs_text.ROOT
 ENV = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
@@ -166,8 +166,8 @@ def test_the_short_first_run_runs_as_written(tmp_path):
   assert "--config.train.num_train_steps=50" in args
   workdir = tmp_path / "bertjax_tiny_short"
   args = [f"--workdir={workdir}" if a.startswith("--workdir=") else a for a in args]
-  out = subprocess.run([sys.executable, *args[1:]], cwd=ROOT, env=cpu_env(optimized=True),
-                       capture_output=True, text=True, timeout=600, check=False)
+  out = warm_python.run([sys.executable, *args[1:]], cwd=ROOT, env=cpu_env(optimized=True),
+                        timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
   assert (workdir / "checkpoints" / "50").is_dir()
   assert (workdir / "eval_results.json").is_file() and (workdir / "bert_config.json").is_file()
@@ -176,8 +176,7 @@ def test_the_short_first_run_runs_as_written(tmp_path):
   assert args[:3] == ["python", "-m", "bertjax.tools.divergence_margins"]
   args = [f"--workdir={workdir}" if a == "--workdir=/tmp/bertjax_tiny_short" else a
           for a in args]
-  out = subprocess.run([sys.executable, *args[1:]], cwd=ROOT, env=ENV, capture_output=True,
-                       text=True, timeout=120, check=False)
+  out = warm_python.run([sys.executable, *args[1:]], cwd=ROOT, env=ENV, timeout=120)
   assert out.returncode == 0, out.stderr[-3000:]
   assert "settings: window=200, loss_zscore=6" in out.stdout, out.stdout
   assert "loss: 0 steps tested" in out.stdout  # 50 steps logged every 10: the window not full
@@ -191,8 +190,7 @@ def test_feature_extraction_runs_as_written_on_a_two_layer_model(tmp_path, rando
   os.rename(tmp_path / "model" / "bert", tmp_path / "CKPT")
   (tmp_path / "FILE").write_text("good great\nbad ||| awful word1\n")
   args = _command("docs/finetuning.md", "--config=configs/features.py")
-  out = subprocess.run([sys.executable, *args[1:]], cwd=tmp_path, env=ENV, capture_output=True,
-                       text=True, timeout=300, check=False)
+  out = warm_python.run([sys.executable, *args[1:]], cwd=tmp_path, env=ENV, timeout=300)
   assert out.returncode == 0, out.stderr[-3000:]
   lines = (tmp_path / "DIR" / "features.jsonl").read_text().splitlines()
   assert len(lines) == 2
@@ -220,8 +218,8 @@ def test_the_weights_commands_run_as_written(tmp_path):
     if piece == "--src=OUT_OR_WORKDIR":
       shutil.copytree(tmp_path / "OUT", tmp_path / "OUT_OR_WORKDIR")
     args = _command("docs/weights.md", piece)
-    out = subprocess.run([sys.executable, *args[1:]], cwd=tmp_path, env=ENV,
-                         capture_output=True, text=True, timeout=300, check=False)
+    out = warm_python.run([sys.executable, *args[1:]], cwd=tmp_path, env=ENV,
+                          timeout=300)
     assert out.returncode == 0, (args, out.stderr[-3000:])
   assert os.path.isfile(tmp_path / "bert_base_uncased" / "bert_config.json")
   transformers.BertForPreTraining.from_pretrained(str(tmp_path / "HF_DIR2"))

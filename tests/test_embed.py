@@ -8,7 +8,6 @@ The rule for "equal" is the issue's: cosine >= 0.99999 and max |difference| <= 1
 """
 import json
 import os
-import subprocess
 import sys
 import warnings
 
@@ -19,6 +18,7 @@ from bertjax import embed
 from bertjax.embedding import embedder
 
 from conftest import ROOT, cpu_env
+import warm_python
 from embedding_helpers import (TEXTS, WORDS, hf_bert_dir, modernbert_dir,
                                sentence_transformer_dir)
 
@@ -129,10 +129,9 @@ def test_eight_devices_give_one_devices_embeddings(encoders, tmp_path):
   st_dir = str(tmp_path / "st")
   sentence_transformer_dir(st_dir, encoders["modernbert"], ["mean"], normalize=True)
   (tmp_path / "texts.txt").write_text("\n".join(TEXTS) + "\n")
-  out = subprocess.run([sys.executable, "-m", "bertjax.embed", f"--model={st_dir}",
-                        f"--input={tmp_path}/texts.txt", f"--output={tmp_path}/eight.npy",
-                        "--batch_size=5"], env=cpu_env(8), cwd=ROOT, capture_output=True,
-                       text=True, timeout=300, check=False)
+  out = warm_python.run([sys.executable, "-m", "bertjax.embed", f"--model={st_dir}",
+                         f"--input={tmp_path}/texts.txt", f"--output={tmp_path}/eight.npy",
+                         "--batch_size=5"], env=cpu_env(8), cwd=ROOT, timeout=300)
   assert out.returncode == 0, out.stderr[-3000:]
   one = embedder.Embedder.load(st_dir)
   assert one.mesh.devices.size == 1

@@ -24,6 +24,7 @@ from bertjax.embedding import embedder, evaluation, st_export
 from bertjax.errors import UserError
 
 from conftest import GLUE_VOCAB, ROOT, cpu_env, save_random_bert
+import warm_python
 from embedding_helpers import TEXTS, WORDS, hf_bert_dir, modernbert_dir, sentence_transformer_dir
 
 STEPS, BATCH, RATE, WARMUP = 6, 16, 2e-3, 2
@@ -261,11 +262,11 @@ def test_bad_settings_are_refused(tmp_path, small_model, rows, values, message):
 def test_the_command_refuses_in_one_line(tmp_path, small_model):
   """Through `python -m bertjax.main`: one line, exit 2, no traceback."""
   pairs = _write_tsv(tmp_path / "pairs.tsv", [("one column",)], header=())
-  out = subprocess.run(
+  out = warm_python.run(
       [sys.executable, "-m", "bertjax.main", "--config=bertjax/configs/embeddings.py",
        f"--workdir={tmp_path / 'run'}", f"--config.init_checkpoint={small_model}",
        "--config.embedding.pooling=mean", f"--config.data.train_file={pairs}"],
-      env=cpu_env(), cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+      env=cpu_env(), cwd=ROOT, timeout=300)
   assert out.returncode == 2 and "Traceback" not in out.stderr
   assert "has one text" in out.stderr.strip().splitlines()[-1]
 
@@ -305,8 +306,7 @@ def test_the_docs_commands_run_as_written(tmp_path, monkeypatch, small_model):
   for command in commands:
     args = shlex.split(command)
     if args[2] == "bertjax.main":  # absl flags: a process of its own
-      out = subprocess.run([sys.executable, *args[1:]], env=cpu_env(), capture_output=True,
-                           text=True, timeout=600, check=False)
+      out = warm_python.run([sys.executable, *args[1:]], env=cpu_env(), timeout=600)
       assert out.returncode == 0, (command, out.stderr[-2000:])
     else:
       module = {"bertjax.embed": embed, "bertjax.embedding.st_export": st_export}[args[2]]

@@ -19,6 +19,7 @@ from bertjax.training import checkpoint, train
 from bertjax.errors import UserError
 
 from conftest import cpu_env, tree_digest
+import warm_python
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -38,11 +39,10 @@ def _flags(corpus, *overrides):
 
 def _run(workdir, flags):
   env = cpu_env()
-  return subprocess.run([sys.executable, "-m", "bertjax.main",
-                         f"--config={os.path.join(ROOT, 'bertjax/configs/tiny.py')}",
-                         f"--workdir={workdir}", *flags],
-                        env=env, cwd=ROOT, capture_output=True, text=True, timeout=300,
-                        check=False)
+  return warm_python.run([sys.executable, "-m", "bertjax.main",
+                          f"--config={os.path.join(ROOT, 'bertjax/configs/tiny.py')}",
+                          f"--workdir={workdir}", *flags],
+                         env=env, cwd=ROOT, timeout=300)
 
 
 def _lines(out, prefix):

@@ -22,6 +22,7 @@ from bertjax.training import reports
 from bertjax.errors import UserError
 
 from conftest import cpu_env, tree_digest, write_chapters
+import warm_python
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LONG_RUN = ["--config.train.num_train_steps=100000", "--config.train.eval_every_steps=100000",
@@ -35,11 +36,11 @@ def data(tmp_path_factory):
   directory = tmp_path_factory.mktemp("corpus")
   text_file, vocab = write_chapters(str(directory), 20)
   prepared = directory / "prepared"
-  out = subprocess.run(
+  out = warm_python.run(
       [sys.executable, "-m", "bertjax.data.prepare", f"--input={text_file}", f"--vocab={vocab}",
        f"--output_dir={prepared}", "--max_seq_length=32,48", "--max_predictions_per_seq=5,7",
        "--dupe_factor=1", "--eval_fraction=0.1", "--workers=1"],
-      env=_env(), cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+      env=_env(), cwd=ROOT, timeout=300)
   assert out.returncode == 0, out.stderr[-3000:]
   return str(prepared)
 

@@ -3,7 +3,6 @@ vectors equal transformers' hidden states, in extract_features.py's format."""
 import json
 import os
 import shutil
-import subprocess
 import sys
 
 import numpy as np
@@ -16,6 +15,8 @@ from bertjax.modeldir import model_files
 from bertjax.convert import __main__ as convert_cli
 from bertjax.data import sources
 from bertjax.tasks import features
+
+import warm_python
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LINES = [
@@ -48,11 +49,11 @@ def model_dir(tmp_path_factory):
 
 
 def _run(workdir, *flags):
-  return subprocess.run(
+  return warm_python.run(
       [sys.executable, "-m", "bertjax.main", f"--config={ROOT}/bertjax/configs/features.py",
        f"--workdir={workdir}", *flags],
       env=dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu"), cwd=ROOT,
-      capture_output=True, text=True, timeout=300, check=False)
+      timeout=300)
 
 
 def test_features_equal_transformers_hidden_states(model_dir, tmp_path):

@@ -8,7 +8,6 @@ and the leaderboard file of the test split.
 """
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -17,6 +16,7 @@ import pytest
 import torch
 import transformers
 from conftest import GLUE_VOCAB
+import warm_python
 
 from bertjax import metrics
 from bertjax.modeldir import model_files
@@ -139,10 +139,10 @@ def test_bad_configs_are_named(model_dir, glue_dir, tmp_path):
 
 
 def test_command_line_unknown_task_and_missing_checkpoint(tmp_path):
-  run = lambda *flags: subprocess.run(
+  run = lambda *flags: warm_python.run(
       [sys.executable, "-m", "bertjax.main", f"--config={ROOT}/bertjax/configs/glue.py",
        f"--workdir={tmp_path / 'w'}", *flags], env=dict(os.environ, PYTHONPATH=ROOT),
-      cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+      cwd=ROOT, timeout=300)
   result = run("--config.task=mrpcc")
   assert result.returncode != 0 and "unknown task 'mrpcc'" in result.stderr
   result = run("--config.task=rte")

@@ -10,6 +10,8 @@ import sys
 
 import bertjax
 
+import warm_python
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, "bertjax")
 MAX_LINES = 450
@@ -116,8 +118,7 @@ def test_the_design_map_names_every_module():
 def test_moved_commands_run_under_their_old_names():
   for old, new in bertjax.MOVED_COMMANDS.items():
     assert importlib.util.find_spec(old).origin == importlib.util.find_spec(new).origin, old
-  out = subprocess.run([sys.executable, "-m", "bertjax.curves", "--help"], cwd=ROOT,
-                       capture_output=True, text=True, check=False)
+  out = warm_python.run([sys.executable, "-m", "bertjax.curves", "--help"], cwd=ROOT)
   assert out.returncode == 0, out.stderr[-2000:]
   assert "usage: python -m bertjax.training.curves" in out.stdout
   assert "bertjax.curves is now bertjax.training.curves" in out.stderr

@@ -5,7 +5,6 @@ the model files of the model the run ends with); the config's refusals."""
 import json
 import os
 import shlex
-import subprocess
 import sys
 from unittest import mock
 
@@ -24,6 +23,8 @@ from bertjax.training import train
 
 from test_pretraining import _metrics
 from test_readme import ROOT, _section_commands, text_dir  # noqa: F401  (the fixture)
+
+import warm_python
 
 def _config(corpus, **data):
   text_file, vocab = corpus
@@ -152,8 +153,8 @@ def test_readme_modernbert_commands_run_as_written(text_dir):
   assert len(commands) == 2, commands
   env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
   for command in commands:
-    out = subprocess.run([sys.executable, *shlex.split(command)[1:]], cwd=text_dir, env=env,
-                         capture_output=True, text=True, timeout=600, check=False)
+    out = warm_python.run([sys.executable, *shlex.split(command)[1:]], cwd=text_dir, env=env,
+                          timeout=600)
     assert out.returncode == 0, (command, out.stderr[-3000:])
   with open(text_dir / "run_modernbert" / "bert_config.json") as f:
     saved = json.load(f)

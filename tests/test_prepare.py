@@ -4,7 +4,6 @@ import glob
 import json
 import os
 import socket
-import subprocess
 import sys
 
 import numpy as np
@@ -14,6 +13,8 @@ from bertjax import lock, tokenization
 from bertjax.data import sources
 from bertjax.data.pretraining import layout, masking, pairs, preparation, shards, text_shards
 from bertjax.errors import UserError
+
+import warm_python
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGS = dict(vocab_size=600, max_seq_length=(32, 64), max_predictions_per_seq=(5, 10),
@@ -48,9 +49,8 @@ def _files(directory):
 
 
 def _cli(*args, timeout=300):
-  return subprocess.run([sys.executable, "-m", "bertjax.data.prepare", *args],
-                        env=dict(os.environ, PYTHONPATH=ROOT), cwd=ROOT, capture_output=True,
-                        text=True, timeout=timeout, check=False)
+  return warm_python.run([sys.executable, "-m", "bertjax.data.prepare", *args],
+                         env=dict(os.environ, PYTHONPATH=ROOT), cwd=ROOT, timeout=timeout)
 
 
 def _read(directory, kind, split):

@@ -10,6 +10,8 @@ import pytest
 from bertjax.data import sources
 from bertjax.errors import UserError
 
+import warm_python
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGS = ["--vocab_size=600", "--max_seq_length=32,64", "--dupe_factor=2", "--eval_fraction=0.1",
          "--shard_size_mb=0.05", "--workers=2"]
@@ -20,8 +22,8 @@ needs_beam = pytest.mark.skipif(importlib.util.find_spec("apache_beam") is None,
 def _prepare(*args: str) -> subprocess.CompletedProcess:
   """Runs python -m bertjax.data.prepare ARGS on the CPU; returns the finished process."""
   env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
-  return subprocess.run([sys.executable, "-m", "bertjax.data.prepare", *args], env=env,
-                        capture_output=True, text=True, timeout=300, check=False)
+  return warm_python.run([sys.executable, "-m", "bertjax.data.prepare", *args], env=env,
+                         timeout=300)
 
 
 @pytest.fixture(scope="module")

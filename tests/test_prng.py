@@ -5,7 +5,6 @@ import concurrent.futures
 import dataclasses
 import json
 import os
-import subprocess
 import sys
 
 import flax.linen as nn
@@ -23,6 +22,7 @@ from bertjax.training import checkpoint, steps
 from bertjax.training import task as task_lib
 
 from conftest import cpu_env, tree_digest
+import warm_python
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -180,7 +180,7 @@ def _run(workdir, corpus, *flags):
   every 2, then `flags`."""
   text_file, vocab = corpus
   env = cpu_env()
-  return subprocess.run(
+  return warm_python.run(
       [sys.executable, "-m", "bertjax.main", f"--config={os.path.join(ROOT, 'bertjax/configs/tiny.py')}",
        f"--workdir={workdir}", f"--config.data.input_files={text_file}",
        f"--config.data.vocab_model={vocab}", "--config.data.max_seq_length=32",
@@ -190,7 +190,7 @@ def _run(workdir, corpus, *flags):
        "--config.train.warmup_steps=1", "--config.train.log_every_steps=1",
        "--config.train.eval_every_steps=100", "--config.train.checkpoint_every_steps=2",
        "--config.train.eval_steps=1", "--config.model.dropout_rate=0.1", *flags],
-      env=env, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+      env=env, cwd=ROOT, timeout=300)
 
 
 def test_unsafe_rbg_resumes_and_a_rerun_with_another_prng_is_refused(corpus, tmp_path):

@@ -5,7 +5,6 @@ import importlib
 import os
 import re
 import shlex
-import subprocess
 import sys
 
 import pytest
@@ -14,6 +13,7 @@ from bertjax.data import sources
 
 import docs_text
 from conftest import cpu_env
+import warm_python
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -51,8 +51,8 @@ def test_pretraining_data_commands_run_as_written(text_dir):
   env = cpu_env(optimized=True)  # the tiny config's sizes: XLA's optimized code repays it
   for command in commands:
     args = shlex.split(command)
-    out = subprocess.run([sys.executable, *args[1:]], cwd=text_dir, env=env,
-                         capture_output=True, text=True, timeout=600, check=False)
+    out = warm_python.run([sys.executable, *args[1:]], cwd=text_dir, env=env,
+                          timeout=600)
     assert out.returncode == 0, (command, out.stderr[-3000:])
   assert sorted(os.listdir(text_dir / "data_128_512")) == [
       "documents", "done", "info.json", "plan.json", "seq128", "seq512", "vocab.model"]

@@ -13,7 +13,6 @@ import csv
 import dataclasses
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -24,6 +23,8 @@ from bertjax.data.finetuning import swag as swag_data
 from bertjax.errors import UserError
 from bertjax import tasks
 from bertjax.tasks import swag
+
+import warm_python
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -257,9 +258,9 @@ def test_bad_configs_are_named(model_dir, swag_dir, tmp_path):
 
 
 def test_command_line_names_missing_checkpoint(tmp_path):
-  result = subprocess.run(
+  result = warm_python.run(
       [sys.executable, "-m", "bertjax.main", f"--config={ROOT}/bertjax/configs/swag.py",
        f"--workdir={tmp_path / 'w'}"], env=dict(os.environ, PYTHONPATH=ROOT), cwd=ROOT,
-      capture_output=True, text=True, timeout=300, check=False)
+      timeout=300)
   assert result.returncode == 2 and "set --config.init_checkpoint" in result.stderr, result.stderr
   assert not (tmp_path / "w").exists()

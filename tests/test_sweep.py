@@ -13,13 +13,13 @@ import math
 import os
 import re
 import shlex
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 from conftest import GLUE_VOCAB, tree_digest
 import docs_text
+import warm_python
 
 from bertjax import metrics, tasks
 from bertjax.tools import sweep
@@ -50,9 +50,9 @@ def _readme_sweep_command():
 
 
 def _run(cwd, args):
-  out = subprocess.run([sys.executable, *args[1:]], cwd=cwd,
-                       env=dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu"),
-                       capture_output=True, text=True, timeout=600, check=False)
+  out = warm_python.run([sys.executable, *args[1:]], cwd=cwd,
+                        env=dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu"),
+                        timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
   return out.stdout
 
@@ -187,10 +187,10 @@ def test_grid_flags_and_run_names():
 def test_bad_input_is_one_line_and_exit_2(tmp_path):
   """A pretraining config on the command line: one line, status 2, nothing written. The other
   refusals, in this process."""
-  out = subprocess.run([sys.executable, "-m", "bertjax.tools.sweep", "--config=configs/tiny.py",
-                        "--learning_rates=1e-4", f"--workdir={tmp_path / 'w'}"], cwd=ROOT,
-                       env=dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu"),
-                       capture_output=True, text=True, timeout=300, check=False)
+  out = warm_python.run([sys.executable, "-m", "bertjax.tools.sweep", "--config=configs/tiny.py",
+                         "--learning_rates=1e-4", f"--workdir={tmp_path / 'w'}"], cwd=ROOT,
+                        env=dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu"),
+                        timeout=300)
   assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
   [line] = out.stderr.strip().splitlines()
   assert line.startswith(

@@ -3,7 +3,6 @@
 run's own batches, converted, and fine-tuned beside bertjax's model and a random one."""
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -11,14 +10,14 @@ import pytest
 from bertjax.tools import transfer_study
 
 from conftest import cpu_env
+import warm_python
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
 
 
 def _python(*args, cwd=ROOT):
-  return subprocess.run([sys.executable, *args], env=ENV, cwd=cwd, capture_output=True,
-                        text=True, timeout=600, check=False)
+  return warm_python.run([sys.executable, *args], env=ENV, cwd=cwd, timeout=600)
 
 
 @pytest.fixture(scope="module")

@@ -302,8 +302,14 @@ def build(config: run_config.TrainingRun, task: task_lib.Task, init_batch: task_
     check_fp8(config, task)
     state_sharding["fp8"] = jax.tree.map(lambda _: parallel.replicated(mesh), fp8_shapes)
 
+  # The init sees the batch's shapes, not its values (zeros in their place): its program holds
+  # no batch as constants (at BERT-base's pretraining batch, megabytes of them), so runs that
+  # differ only in their data compile it once (the compilation cache).
+  batch_shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), init_batch)
+
   def init_state() -> TrainState:
-    variables = nn.unbox(init_variables(init_rng, init_batch))
+    batch = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), batch_shapes)
+    variables = nn.unbox(init_variables(init_rng, batch))
     params = variables["params"]
     state = dict(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
                  rng=jax.random.key_data(dropout_rng))

@@ -1,0 +1,62 @@
+"""warm_python.run gives what subprocess.run gives for the same command: exit status, output,
+the working directory, arguments and device count, an exception's traceback, and a timeout's
+TimeoutExpired with the command killed. The commands run a script in the suite's environment
+(cpu_env), so they share the server of the worker's other tests."""
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from conftest import cpu_env
+import warm_python
+
+SCRIPT = textwrap.dedent("""\
+    import os, sys
+    import jax
+    print(jax.device_count(), os.getcwd(), sys.argv, "bertjax.main" in sys.modules)
+    print("to stderr", file=sys.stderr)
+    if sys.argv[1:] == ["raise"]:
+      raise ValueError("as asked")
+    if sys.argv[1:] == ["sleep"]:
+      import time
+      time.sleep(60)
+    sys.exit(int(sys.argv[1]) if sys.argv[1:] and sys.argv[1].isdigit() else 0)
+    """)
+
+
+@pytest.fixture(scope="module")
+def script(tmp_path_factory):
+  path = tmp_path_factory.mktemp("scripts") / "warm_check.py"
+  path.write_text(SCRIPT)
+  return str(path)
+
+
+@pytest.mark.parametrize("args", [["3", "b c"], ["raise"]])
+def test_a_warm_command_is_a_plain_one(script, tmp_path, args):
+  command = [sys.executable, script, *args]
+  plain = subprocess.run(command, env=cpu_env(2), cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120, check=False)
+  for num_devices in (2, 2, 4):  # the second command of an environment starts its server
+    warm = warm_python.run(command, env=cpu_env(num_devices), cwd=tmp_path, timeout=120)
+    assert warm.returncode == plain.returncode
+    assert warm.stdout == plain.stdout.replace("2 ", f"{num_devices} ", 1)
+    # (a traceback: less runpy's own frames, which `python -m` shows)
+    assert warm.stderr == "".join(line for line in plain.stderr.splitlines(keepends=True)
+                                  if "<frozen runpy>" not in line)
+  # The last ones were forked from a server with bertjax's library and not its commands, which
+  # runpy runs afresh as __main__ (a module imported before would run twice, with a warning).
+  [server] = [s for s in warm_python._SERVERS.values()  # pylint: disable=protected-access
+              if s.env_key == warm_python.env_key(cpu_env(2))]
+  assert "bertjax.tasks" in server.modules and "bertjax.main" not in server.modules
+  if args == ["raise"]:
+    assert "ValueError: as asked" in warm.stderr and warm.returncode == 1
+
+
+def test_a_warm_command_past_its_timeout_is_killed(script, tmp_path):
+  for _ in range(2):  # the second starts the server, if no test started it before
+    warm_python.run([sys.executable, script], env=cpu_env(1), cwd=tmp_path)
+  with pytest.raises(subprocess.TimeoutExpired):
+    warm_python.run([sys.executable, script, "sleep"], env=cpu_env(1), cwd=tmp_path, timeout=2)
+  out = warm_python.run([sys.executable, script], env=cpu_env(1), cwd=tmp_path)  # it goes on
+  assert out.returncode == 0 and out.stdout.startswith("1 "), out.stderr
