@@ -218,9 +218,9 @@ def _text(data: bytes) -> str:
 
 def run(command: list[str], *, env=None, cwd=None, timeout=None, input=None,  # pylint: disable=redefined-builtin
         check=False) -> subprocess.CompletedProcess:
-  """subprocess.run(command, capture_output=True, text=True, ...), for a command
-  [sys.executable, "-m", MODULE, ARGS...]: the same result, from a warm server where nothing in
-  the command's environment or module tells it apart."""
+  """subprocess.run(command, capture_output=True, text=True, ...): the same result, forked from
+  a warm server where `command` is [sys.executable, "-m", MODULE, ARGS...] or [sys.executable,
+  SCRIPT.py, ARGS...] and nothing in its environment or module tells the two apart."""
   env = dict(os.environ if env is None else env)
   cwd = os.path.abspath(cwd or os.getcwd())
   program = (command[1:3] if command[1] == "-m" else command[1:2]
