@@ -64,3 +64,15 @@ def test_fused_attention_with_dropout_and_cudnn_in_float32_are_refused():
       bert_config("tiny", attention=path, attention_dropout_rate=0.1, dtype="bfloat16")
   with pytest.raises(ValueError, match="'cudnn' needs dtype='bfloat16'"):
     bert_config("tiny", attention="cudnn", attention_dropout_rate=0.0)
+
+
+def test_auto_is_for_the_platform_of_the_context_meshs_devices():
+  """The steps are traced under their mesh (bertjax.training.steps.under_mesh): a mesh of a TPU
+  slice's devices, compiled for on a CPU (bertjax.tools.tpu_target), gets the TPU's path."""
+  tpu = jax.sharding.AbstractMesh((4,), ("data",), abstract_device=jax.sharding.AbstractDevice(
+      device_kind="TPU v5 lite", num_cores=1, platform="tpu"))
+  config = _with(BF16, attention="auto")
+  with jax.sharding.use_abstract_mesh(tpu):
+    assert attention.resolve_attention(config, seq_len=128) == "splash"
+    assert attention.resolve_attention(config, "cpu", seq_len=128) == "xla"  # named: as named
+  assert attention.resolve_attention(config, seq_len=128) == "xla"  # this CPU

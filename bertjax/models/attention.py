@@ -153,7 +153,8 @@ def resolve_attention(config: BertConfig, backend: str | None = None,
 
   Args:
     config: the model's BertConfig.
-    backend: 'cpu', 'gpu' or 'tpu'; None = `jax.default_backend()`.
+    backend: 'cpu', 'gpu' or 'tpu'; None = the context mesh's devices' (a TPU's where the steps
+      are compiled for one on a CPU: `bertjax.tools.tpu_target`), else jax.default_backend().
     seq_len: the sequence length the model is called with (the model passes it); None = not
       known yet (taken to suit every kernel).
   Returns:
@@ -162,7 +163,9 @@ def resolve_attention(config: BertConfig, backend: str | None = None,
     ValueError: an explicit choice the backend or the length cannot run (splash off TPU or at a
       length that is not a multiple of 128, cudnn off GPU), naming the fix.
   """
-  backend = backend or jax.default_backend()
+  if backend is None:
+    device = getattr(jax.sharding.get_abstract_mesh(), "abstract_device", None)
+    backend = device.platform if device is not None else jax.default_backend()
   choice = config.attention
   if choice == "auto":
     if config.attention_dropout_rate > 0:
