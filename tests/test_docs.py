@@ -68,9 +68,17 @@ COVERED = {
         "test_modernbert_pretraining.py::test_readme_modernbert_commands_run_as_written",
     ("docs/accelerators.md", "bertjax.tools.bench"): PARSE,
     ("docs/accelerators.md", "--config=configs/base.py:fast"): PARSE,
-    ("docs/accelerators.md", "--config=configs/large.py"): PARSE,
-    ("docs/accelerators.md", "bertjax.tools.audit"):
+    ("docs/accelerators.md", "--config=configs/large.py --workdir"): PARSE,
+    ("docs/accelerators.md", "audit --config=configs/tiny.py"):
         "test_audit.py::test_the_readme_audit_command_runs_as_written",
+    # libtpu's environment (minutes of installing) and the TPU compiles (minutes each) are
+    # parsed; tests/test_tpu_target.py compiles a small step for a TPU where libtpu is.
+    ("docs/accelerators.md", "tpu_target --venv"):
+        "test_tpu_target.py::test_the_docs_venv_command_makes_a_venv_with_jaxs_libtpu",
+    ("docs/accelerators.md", "bertjax.tools.tpu_table"):
+        "test_tpu_target.py::test_the_docs_tpu_commands_parse",
+    ("docs/accelerators.md", "--compile_for=tpu:v5p-64"):
+        "test_tpu_target.py::test_the_docs_tpu_commands_parse",
     ("docs/accelerators.md", "accelerator_report --wheels=.gpu/wheels --ab"):
         "test_ab.py::test_the_docs_commands_run_as_written",
     ("docs/accelerators.md", "bertjax.tools.ab --smoke"):

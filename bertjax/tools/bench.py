@@ -7,7 +7,7 @@ transformers.
       [--peers=bertjax,torch,hf_flax] [--vocab_size=30522] [--json=OUT.json] \
       [--attention=auto|reference|xla|cudnn|splash] [--packing=K] [--remat=none|full|dots] \
       [--optimizer=adamw|lamb|stable_adamw] [--prng=threefry|rbg|unsafe_rbg] [--memory_only]
-      [--architecture=bert|modernbert]
+      [--architecture=bert|modernbert] [--compile_for=tpu:SLICE]
 
 What it times by default is what users train: the fast recipe (`--recipe=fast`,
 `bertjax.tools.bench_recipe`: configs/base.py:fast at `--size`, or configs/modernbert.py with
@@ -34,7 +34,9 @@ init (`steps.build(...).compile_init`, threefry lowered as one kernel a hash on 
 compile, and the compiled memory per device of its train step (`jit(step).lower(...).compile()
 .memory_analysis()`: arguments + outputs - donated + temporaries, XLA's own plan, for any shape
 on any backend); `--memory_only` compiles without running, so the memory of BERT-large at seq
-512 can be read on a laptop.
+512 can be read on a laptop; add `--compile_for=tpu:SLICE` and XLA's TPU compiler compiles it
+for a slice's chips, on this CPU (`bertjax.tools.tpu_target`, a Python with libtpu), --batch_size
+split over them, in the TPU's dtype and attention; its memory is per chip, against its HBM.
 
 The transformers peers (`--peers`: bertjax alone by default; every peer with `--recipe=paper`)
 run in the same process on the same batch (real rows one pair a row, or synthetic) and do the
@@ -114,6 +116,7 @@ from bertjax.models.attention import resolve_attention
 from bertjax.models.config import ATTENTIONS, MODERNBERT_SIZES, REMATS, SIZES
 from bertjax.tasks import pretraining, pretraining_config
 from bertjax.tools import bench_measure, bench_peers, bench_recipe, bench_rows, bench_tables
+from bertjax.tools import tpu_target
 from bertjax.tools.bench_batch import make_batch  # also bench.make_batch to the tools and tests
 from bertjax.tools.bench_peers import PEERS
 from bertjax.training import flops, optim, parallel
@@ -137,6 +140,7 @@ class BertjaxOptions:
   prng: str = "threefry"
   memory_only: bool = False
   architecture: str = "bert"
+  compile_for: str = ""  # tpu:SLICE (bertjax.tools.tpu_target): compiled for its chips
   overrides: tuple[tuple[str, Any], ...] = ()  # ("section.field", value), set last
 
 
@@ -155,11 +159,12 @@ def row_config(size: str, batch_size: int, seq_len: int, max_predictions: int, d
 
 
 def build_bertjax(size: str, batch: dict[str, np.ndarray], vocab_size: int, dtype: str,
-                  steps: int, warmup: int, options: BertjaxOptions = BertjaxOptions()
+                  steps: int, warmup: int, options: BertjaxOptions = BertjaxOptions(),
+                  devices: Sequence[jax.Device] | None = None
                   ) -> tuple[task_lib.Task, train_steps.Setup]:
   """bertjax's pretraining task (the recipe's model of `size`: MLM + NSP, or ModernBERT's MLM)
   and its `steps.build` Setup for the benchmark's `batch` ([batch, seq] keys, real or
-  `make_batch`'s); nothing compiled yet."""
+  `make_batch`'s) on a mesh of `devices` (default: jax's); nothing compiled yet."""
   batch_size, seq_len = batch["input_ids"].shape
   max_predictions = batch["masked_lm_positions"].shape[1]
   config = run_config.typed(row_config(size, batch_size, seq_len, max_predictions, dtype, steps,
@@ -170,21 +175,23 @@ def build_bertjax(size: str, batch: dict[str, np.ndarray], vocab_size: int, dtyp
   task = task_lib.Task(model=model, terms=pretraining.make_terms(5, nsp),
                        batches=task_lib.Batches(train=lambda position: iter(())),
                        schedule=task_lib.Schedule.of(config.train))
-  return task, train_steps.build(config, task, batch, train_steps.make_checked_mesh(config))
+  return task, train_steps.build(config, task, batch,
+                                 train_steps.make_checked_mesh(config, devices))
 
 
 def bench_bertjax(size: str, batch: dict[str, np.ndarray], vocab_size: int, dtype: str,
-                  steps: int, warmup: int, options: BertjaxOptions = BertjaxOptions()
-                  ) -> dict[str, Any]:
-  """Times bertjax's jitted train step; returns {step_s, peak_memory_bytes, device, platform,
-  attention (the path it resolved to), compiled_memory (compiled_memory_bytes and
-  saved_activation_bytes), step_compile_s, init_compile_s}. With options.memory_only the step
-  is compiled, not run, and step_s and init_compile_s are None."""
+                  steps: int, warmup: int, options: BertjaxOptions = BertjaxOptions(),
+                  devices: Sequence[jax.Device] | None = None) -> dict[str, Any]:
+  """Times bertjax's jitted train step on a mesh of `devices` (default: jax's); returns
+  {step_s, peak_memory_bytes, device, platform, devices (their count), hbm_bytes (a TPU chip's,
+  else None), attention (the path it resolved to), compiled_memory (compiled_memory_bytes and
+  saved_activations), step_compile_s, init_compile_s}. With options.memory_only (which
+  `tpu_target.devices` need) the step is compiled, not run; step_s and init_compile_s None."""
   seq_len = batch["input_ids"].shape[1]
-  device = jax.devices()[0]
+  device = (devices or jax.devices())[0]
   memory = bench_measure.CpuPeakMemory()
   memory.start()
-  task, setup = build_bertjax(size, batch, vocab_size, dtype, steps, warmup, options)
+  task, setup = build_bertjax(size, batch, vocab_size, dtype, steps, warmup, options, devices)
   batch_spec = jax.tree.map(
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
                                      sharding=parallel.batch_sharding(setup.mesh)),
@@ -194,18 +201,12 @@ def bench_bertjax(size: str, batch: dict[str, np.ndarray], vocab_size: int, dtyp
   compiled = setup.train_step.lower(setup.abstract_state, batch_spec, learning_rate).compile()
   step_compile_s = time.perf_counter() - start
 
-  def loss(params, batch):
-    outputs = heads.apply_to_batch(task.model, params, batch, deterministic=False,
-                                   rngs={"dropout": jax.random.PRNGKey(0)})
-    return sum(jax.numpy.sum(values * weights) / jax.numpy.maximum(jax.numpy.sum(weights), 1)
-               for name, (values, weights) in task.terms(outputs, batch).items()
-               if task_lib.is_loss(name))
-
   planned = dict(bench_measure.compiled_memory_bytes(compiled),
-                 **bench_measure.saved_activation_bytes(loss, setup.abstract_state["params"],
-                                                        batch_spec, seq_len=seq_len))
+                 **bench_measure.saved_activations(task, setup, batch_spec, seq_len))
   result = dict(device=device.device_kind, platform=device.platform,
-                attention=resolve_attention(task.model.config, seq_len=seq_len),
+                devices=setup.mesh.devices.size, hbm_bytes=tpu_target.hbm_bytes(
+                    device.device_kind) if device.platform == "tpu" else None,
+                attention=resolve_attention(task.model.config, device.platform, seq_len),
                 compiled_memory=planned, step_compile_s=step_compile_s)
   if options.memory_only:
     return dict(result, step_s=None, peak_memory_bytes=0, init_compile_s=None)
@@ -241,6 +242,9 @@ def _check_options(options: BertjaxOptions, peers: Sequence[str], seq_len: int,
                                ("prng", options.prng, tuple(train_steps.PRNG_IMPLS))):
     if value not in allowed:
       raise UserError(f"unknown --{flag} {value!r}; use one of {', '.join(allowed)}.")
+  if options.compile_for and not options.memory_only:
+    raise UserError(f"--compile_for={options.compile_for} compiles for chips this machine does "
+                    "not have, so nothing can run there: add --memory_only.")
   if (options.packing or options.memory_only or options.architecture != "bert"
       or options.recipe == "fast") and list(peers) != ["bertjax"]:
     raise UserError("--packing, --memory_only, --architecture=modernbert and --recipe=fast (the "
@@ -310,7 +314,8 @@ def run(sizes: Sequence[str] = ("tiny",), peers: Sequence[str] | None = None, ba
     achieved_flops_per_s, mfu (None where the peak is unknown), on bertjax rows speedup_vs_<peer>
     (its tokens/s / that peer's), attention (the path used), remat, optimizer, prng,
     step_compile_s, init_compile_s and compiled_memory (bytes per device: arguments, outputs,
-    temporaries, total, saved activations). With options.memory_only timing fields are None.
+    temporaries, total, saved activations). With options.memory_only timing fields are None,
+    and rows have devices and hbm_bytes (bench_bertjax's), for options.compile_for's chips.
   """
   if peers is None:
     paper_bert = options.recipe == "paper" and options.architecture == "bert"
@@ -318,7 +323,9 @@ def run(sizes: Sequence[str] = ("tiny",), peers: Sequence[str] | None = None, ba
   _check(sizes, peers, dtype, options.architecture, batch_size=batch_size, seq_len=seq_len,
          max_predictions=max_predictions, steps=steps, warmup=warmup, vocab_size=vocab_size)
   _check_options(options, peers, seq_len, max_predictions, rows)
-  dtype = model_options.resolve_dtype(dtype, jax.devices()[0].platform)
+  devices = (tpu_target.devices(tpu_target.parse(options.compile_for)) if options.compile_for
+             else None)
+  dtype = model_options.resolve_dtype(dtype, (devices or jax.devices())[0].platform)
   results = []
   for size in sizes:
     config = row_config(size, batch_size, seq_len, max_predictions, dtype, steps, warmup, options)
@@ -334,10 +341,11 @@ def run(sizes: Sequence[str] = ("tiny",), peers: Sequence[str] | None = None, ba
     by_peer = {}
     for peer in peers:
       if peer == "bertjax":
-        result = bench_bertjax(size, batch, vocab_size, dtype, steps, warmup, options)
+        result = bench_bertjax(size, batch, vocab_size, dtype, steps, warmup, options, devices)
         if options.memory_only:
           results.append(dict(shape, peer=peer, device=result["device"],
-                              platform=result["platform"], steps=0, step_ms=None,
+                              platform=result["platform"], devices=result["devices"],
+                              hbm_bytes=result["hbm_bytes"], steps=0, step_ms=None,
                               tokens_per_s=None, mfu=None, peak_memory_bytes=None,
                               **_bertjax_fields(result, typed)))
           continue
@@ -407,6 +415,8 @@ def _parser() -> argparse.ArgumentParser:
   flag("--architecture", default="bert", help="bertjax's model: bert, modernbert")
   flag("--memory_only", action="store_true",
        help="bertjax only: compile the step and print its memory, run nothing")
+  flag("--compile_for", default="", help="tpu:SLICE (tpu:v5e-8, tpu:v5p-8, ...): with "
+       "--memory_only, compile for that TPU slice's chips with libtpu (bertjax.tools.tpu_target)")
   return parser
 
 
@@ -415,7 +425,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
   args = _parser().parse_args(argv)
   options = BertjaxOptions(recipe=args.recipe, attention=args.attention, packing=args.packing,
                            remat=args.remat, optimizer=args.optimizer, prng=args.prng,
-                           memory_only=args.memory_only, architecture=args.architecture)
+                           memory_only=args.memory_only, architecture=args.architecture,
+                           compile_for=args.compile_for)
   try:
     rows = run(sizes=_csv(args.size), peers=None if args.peers is None else _csv(args.peers),
                batch_size=args.batch_size,

@@ -1,5 +1,5 @@
 """How the benchmark measures a step: its time, and its memory (the process's peak on CPU, XLA's
-compiled plan, the activations the backward pass keeps).
+compiled plan, the activations the backward pass keeps, a device's share).
 
 Used by every peer of `bertjax.tools.bench` (its docstring says what each figure means and how a
 GPU's peak is read) and by `bertjax.tools.bench_peers`.
@@ -12,6 +12,10 @@ from typing import Any, Callable
 
 import jax
 from jax.extend import core
+
+from bertjax.models import heads
+from bertjax.training import parallel, steps
+from bertjax.training import task as task_lib
 
 
 class CpuPeakMemory:
@@ -80,6 +84,24 @@ def compiled_memory_bytes(compiled) -> dict[str, int]:
   parts["total"] = (parts["arguments"] + parts["outputs"] - analysis.alias_size_in_bytes
                     + parts["temporaries"])
   return {k: int(v) for k, v in parts.items()}
+
+
+def saved_activations(task: task_lib.Task, setup: steps.Setup, batch: Any,
+                      seq_len: int) -> dict[str, int]:
+  """`saved_activation_bytes` of the task's loss with dropout, traced under the setup's mesh as
+  its train step is (so its attention is the step's path), a device's share of them (the
+  batch's rows are split over data x fsdp). `batch`: ShapeDtypeStructs."""
+
+  def loss(params, batch):
+    outputs = heads.apply_to_batch(task.model, params, batch, deterministic=False,
+                                   rngs={"dropout": jax.random.PRNGKey(0)})
+    return sum(jax.numpy.sum(values * weights) / jax.numpy.maximum(jax.numpy.sum(weights), 1)
+               for name, (values, weights) in task.terms(outputs, batch).items()
+               if task_lib.is_loss(name))
+
+  saved = steps.under_mesh(setup.mesh, lambda *args: saved_activation_bytes(
+      *args, seq_len=seq_len))(loss, setup.abstract_state["params"], batch)
+  return {k: v // parallel.num_batch_shards(setup.mesh) for k, v in saved.items()}
 
 
 def saved_activation_bytes(loss: Callable[..., Any], *args, seq_len: int) -> dict[str, int]:

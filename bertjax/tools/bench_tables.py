@@ -26,22 +26,35 @@ def rows_line(r: dict[str, Any]) -> str:
 
 def format_memory_table(rows: Sequence[dict[str, Any]]) -> str:
   """The compiled memory per device of bertjax rows (--memory_only) as a text table."""
+  hbm = any(r.get("hbm_bytes") for r in rows)
   header = (f"{'size':<7} {'dtype':<9} {'batch':>5} {'seq':>5} {'attention':<10} {'remat':<6} "
             f"{'optimizer':<9} {'args GiB':>9} {'temp GiB':>9} {'total GiB':>10} "
-            f"{'activations GiB':>16} {'of which seq x seq':>19}")
+            f"{'activations GiB':>16} {'of which seq x seq':>19}"
+            + (f" {'of HBM':>7}" if hbm else ""))
   lines = [header, "-" * len(header)]
   for r in rows:
     m = {k: v / 2**30 for k, v in r["compiled_memory"].items()}
+    share = (f" {r['compiled_memory']['total'] / r['hbm_bytes']:>7.0%}" if r.get("hbm_bytes")
+             else " " * 8 if hbm else "")
     lines.append(f"{r['size']:<7} {r['dtype']:<9} {r['batch_size']:>5} {r['seq_len']:>5} "
                  f"{r['attention']:<10} {r['remat']:<6} {r['optimizer']:<9} "
                  f"{m['arguments']:>9.2f} {m['temporaries']:>9.2f} {m['total']:>10.2f} "
-                 f"{m['activations']:>16.2f} {m['attention_matrices']:>19.2f}")
-  lines.append(f"per device, as XLA compiled the train step for {rows[0]['platform']} "
-               "(arguments: parameters, optimizer state and batch; total = arguments + outputs "
-               "- donated + temporaries); activations: what the backward pass keeps from the "
-               "forward (jax.vjp's residuals), which remat trades for recomputation; of which "
-               "seq x seq: the attention matrices among them, which a fused kernel (cuDNN, "
-               "splash) does not keep." if rows else "")
+                 f"{m['activations']:>16.2f} {m['attention_matrices']:>19.2f}" + share)
+  if rows:
+    r = rows[0]
+    where = r["platform"]
+    if r.get("devices", 1) > 1:
+      where = f"{r['devices']} x {r['device']} (batch {r['batch_size']} split over them)"
+    if r.get("hbm_bytes"):
+      where += f", {r['hbm_bytes'] / 2**30:.0f} GiB of HBM a chip"
+    lines.append(f"per device, as XLA compiled the train step for {where} (arguments: "
+                 "parameters, optimizer state and batch; total = arguments + outputs - donated "
+                 "+ temporaries); activations: what the backward pass keeps from the forward "
+                 "(jax.vjp's residuals, a device's share of the rows), which remat trades for "
+                 "recomputation; of which seq x seq: the attention matrices among them, which a "
+                 "fused kernel (cuDNN, splash) does not keep.")
+  else:
+    lines.append("")
   lines.extend(rows_line(r) for r in {(r["size"], r["rows_source"]): r for r in rows}.values())
   return "\n".join(lines)
 
