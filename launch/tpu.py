@@ -93,8 +93,10 @@ RUNTIME_VERSIONS = {
     "v2": "tpu-ubuntu2204-base",
 }
 
-# Left out of the tarball of the working tree.
-TAR_EXCLUDES = (".git", ".venv", "__pycache__", "*.egg-info", ".pytest_cache", "build", "dist")
+# Left out of the tarball of the working tree: version control, build outputs, and the local
+# environments (the venv, `.tpu-venv` of `--compile_for=tpu:...`, the GPU machine's `.gpu` wheels).
+TAR_EXCLUDES = (".git", ".venv", ".tpu-venv", ".gpu", "__pycache__", "*.egg-info", ".pytest_cache",
+                "build", "dist")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """launch/tpu.py and launch/slurm.py on bad input and failures: a missing flag or bad value is
 one clear line, a missing gcloud or sbatch runs nothing, a failing command stops the rest."""
 import os
+import tarfile
 
 import pytest
 
@@ -67,7 +68,11 @@ def test_runs_the_commands_and_stops_at_the_first_failure(tmp_path):
   assert result.returncode == 7
   assert "command failed (exit status 7): gcloud compute tpus tpu-vm scp" in result.stderr
   assert log.read_text().split() == ["create", "scp"]
-  assert (tmp_path / "bertjax-bert.tar.gz").stat().st_size > 10_000  # tar ran first
+  tarball = tmp_path / "bertjax-bert.tar.gz"
+  assert tarball.stat().st_size > 10_000  # tar ran first
+  with tarfile.open(tarball) as tar:  # the code, not the local environments (.venv, .tpu-venv)
+    top = {name.split("/")[1] for name in tar.getnames() if name.count("/")}
+  assert "bertjax" in top and not top & {".git", ".venv", ".tpu-venv", ".gpu"}, sorted(top)
 
 
 SUBMIT_MINIMAL = ["--gpus-per-node=8", "--config=configs/base.py", "--workdir=/shared/w"]
