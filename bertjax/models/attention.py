@@ -1,13 +1,13 @@
 """Attention itself, after the projections: the masks, the choice of kernel and the call to it.
 
 `BertConfig.attention` names the path, `resolve_attention` says what 'auto' means on this backend
-and sequence length, and `attend` runs the chosen one on projected heads ([batch, seq, heads,
-head_dim] query, key and value); `bertjax.models.bert.SelfAttention` holds the projections and
-their parameters, this module none (as maxtext's attention_op.py beside its attentions.py).
+and length, and `attend` runs it on projected heads ([batch, seq, heads, head_dim]);
+`bertjax.models.bert.SelfAttention` holds the projections, this module no parameters.
 
 The paths: 'reference' is the paper's einsum with dropout on the attention probabilities
 (`reference_attention`); 'xla' and 'cudnn' call jax.nn.dot_product_attention
-(`dot_product_attention_kwargs` says which mask arguments each gets); 'splash' is the Pallas TPU
+(`dot_product_attention_kwargs` says which mask arguments each gets; a packed batch reaches
+cuDNN as segments on Hopper GPUs, `bertjax.models.packed_cudnn`); 'splash' is the Pallas TPU
 kernel (`splash_attention`). They agree at every real token (tests/test_attention_*.py).
 On a mesh of several devices the fused kernels ('cudnn', 'splash': custom calls, which XLA
 cannot split) run per shard in `jax.shard_map` over the batch and the heads (`per_shard`).
@@ -22,10 +22,9 @@ own and the two neighbouring blocks of keys, O(seq x window)), or with BertConfi
 'pallas' by the fused banded kernel (`bertjax.models.banded_attention`); cuDNN's window is
 one-sided, so where neither fits (`local_blocks`) it reads the band as a mask.
 
-Who may attend to whom is an `AttentionMask`: the batch's input_mask, and for a packed batch
-(Krell et al. 2021: several sequences share a row) its sequence_ids, by which attention is
-block-diagonal on every path; each path takes it in the form it honours (a dense boolean mask,
-key lengths, or segment ids).
+Who may attend to whom is an `AttentionMask`: the input_mask, and for a packed batch (Krell et
+al. 2021: several sequences a row) its sequence_ids, by which attention is block-diagonal on
+every path, in the form each honours (a dense boolean mask, lengths, segments or segment ids).
 """
 from __future__ import annotations
 
@@ -37,7 +36,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from bertjax.models import banded_attention
+from bertjax.models import banded_attention, packed_cudnn
 from bertjax.models.config import BertConfig
 
 def attention_mask(input_mask: jax.Array) -> jax.Array:
@@ -101,9 +100,12 @@ class AttentionMask(NamedTuple):
       tokens first), as every batch bertjax builds is: the cuDNN path reads only its row sums.
     sequence_ids: [batch, seq] int, 1..k numbering the sequences packed in a row, 0 at padding;
       None for an unpacked batch (one sequence a row).
+    cls_positions: [batch, k] where each packed sequence starts; None unpacked. Its k (the most
+      sequences a row holds) sizes cuDNN's segment tables (`bertjax.models.packed_cudnn`).
   """
   input_mask: jax.Array
   sequence_ids: jax.Array | None = None
+  cls_positions: jax.Array | None = None
 
   def dense(self, causal: bool = False, window: int | None = None) -> jax.Array:
     """[batch, 1, seq, seq] bool, True where query q may attend to key k: `attention_mask`
@@ -193,29 +195,27 @@ def dot_product_attention_kwargs(mask: AttentionMask, implementation: str,
                                  causal: bool = False, window: int | None = None) -> dict:
   """The masking arguments of `jax.nn.dot_product_attention` for 'xla' or 'cudnn'.
 
-  What each implementation honours (jax/_src/nn/functions.py and
-  jax/_src/cudnn/fused_attention_stablehlo.py, jax 0.10): 'xla' applies a boolean `mask` and
-  `key_value_seq_lengths` alike, to the float32 logits. 'cudnn' turns a boolean `mask` into an
-  additive bias [batch, 1, seq, seq] that its kernel reads in full, while sequence lengths become
+  What each honours (jax 0.10's nn/functions.py, cudnn/fused_attention_stablehlo.py): 'xla'
+  applies a boolean `mask` and `key_value_seq_lengths` alike to the float32 logits; 'cudnn' turns
+  a `mask` into a bias [batch, 1, seq, seq] its kernel reads in full, and sequence lengths into
   its PADDING mask type, which skips the padded key blocks.
 
   Unpacked, the keys to hide are each row's padding tail, so cuDNN gets key_value_seq_lengths
-  (the row sums of the right-padded input_mask); query_seq_lengths stays unset (jax then uses
-  the full length), so padding queries attend the real keys exactly as `attention_mask` says.
+  (the row sums of the right-padded input_mask), not query_seq_lengths: padding queries attend
+  the real keys exactly as `attention_mask` says.
 
   Packed, lengths cannot say "attend only your own sequence", so both get the block-diagonal
-  mask. Do not replace it by lengths or segment ids that a kernel may ignore: the maxtext
-  issue 4476 trap, where a fused kernel silently attended across packed sequences. cuDNN honours
-  the mask as a bias of -2^41 (bf16) on the blocked logits, so no probability crosses sequences.
+  mask (which cuDNN honours as a -2^41 bias; on Hopper GPUs `attend` gives cuDNN segments
+  instead, `bertjax.models.packed_cudnn`). Never lengths or ids that a kernel may ignore: the
+  maxtext issue 4476 trap, where a fused kernel silently attended across packed sequences.
 
   Causal (BertConfig.causal): unpacked, cuDNN gets is_causal with the lengths (its
   PADDING_CAUSAL mask type, which skips the blocks above the diagonal); otherwise the dense mask
   is the causal one (`AttentionMask.dense(causal=True)`).
 
   Local (a ModernBERT layer's `window`): both get the dense mask with the band
-  (`AttentionMask.dense(window=...)`). cuDNN's sliding window is one-sided (jax refuses a right
-  window without is_causal), so it reads the band as a bias and computes every block; 'xla'
-  would build the same mask from local_window_size.
+  (`AttentionMask.dense(window=...)`): cuDNN's sliding window is one-sided (jax refuses a right
+  window without is_causal), so it reads the band as a bias and computes every block.
 
   Args:
     mask: the batch's AttentionMask.
@@ -350,6 +350,9 @@ def attend(query: jax.Array, key: jax.Array, value: jax.Array, mask: AttentionMa
     if local_blocks(query.shape[1], window):
       return local_attention(query, key, value, mask, window)
 
+  if implementation == "cudnn" and packed_cudnn.takes(mask, config.causal, window):
+    return per_shard(packed_cudnn.attention, query, key, value, mask)  # a custom call
+
   def dot_product_attention(query, key, value, mask):  # [batch, seq, heads, head_dim] in and out
     return jax.nn.dot_product_attention(
         query, key, value, implementation=implementation,
@@ -369,19 +372,16 @@ def per_shard(kernel: Callable[..., jax.Array], query: jax.Array, key: jax.Array
               value: jax.Array, mask: AttentionMask) -> jax.Array:
   """`kernel(query, key, value, mask)` run by each device on its own rows and heads.
 
-  A fused kernel is a custom call that XLA's partitioner cannot split: on a mesh of several
-  devices it would gather the whole query, key and value onto every device (or fail). Under a
-  context mesh (`jax.sharding.get_abstract_mesh()`, which `bertjax.training.steps` sets while
-  the steps are traced), the kernel runs in `jax.shard_map` on each device's block: the batch
-  split over BATCH_AXES, the heads over HEADS_AXES, the mask's rows as the batch's. An axis
-  the mesh lacks, or that does not divide its dimension, is not split (the kernel then repeats
-  that work on each of its devices). Without a context mesh (a call outside the steps, one
-  device) the kernel is called as it is.
+  A fused kernel is a custom call XLA's partitioner cannot split (on a mesh it would gather the
+  whole query, key and value onto every device, or fail). Under a context mesh (set by
+  `bertjax.training.steps` while tracing) it runs in `jax.shard_map` on each device's block:
+  the batch and the mask's rows over BATCH_AXES, the heads over HEADS_AXES; an axis the mesh
+  lacks or that does not divide its dimension is not split. Without one it is called as it is.
 
   Args:
     kernel: (query, key, value, mask) -> the attention output, for any batch and head count.
     query, key, value: [batch, seq, heads, head_dim].
-    mask: the batch's AttentionMask ([batch, seq] arrays).
+    mask: the batch's AttentionMask ([batch, ...] arrays).
   Returns:
     [batch, seq, heads, head_dim], the kernel's output.
   """

@@ -406,7 +406,7 @@ class BertEncoder(nn.Module):
       input_mask = jnp.ones_like(input_ids)
     x = self.embeddings(input_ids, segment_ids, position_ids,
                         deterministic=deterministic)  # [b, s, H]
-    mask = AttentionMask(input_mask, sequence_ids)
+    mask = AttentionMask(input_mask, sequence_ids, cls_positions)
     outputs = self.encoder(x, mask, deterministic=deterministic)
     sequence_output = outputs[-1]
     pooled_output = None

@@ -247,8 +247,8 @@ class ModernBertEncoder(nn.Module):
     if position_ids is None:
       position_ids = jnp.arange(input_ids.shape[1])[None, :]  # [1, seq]
     x = self.embeddings(input_ids)  # no embedding dropout: ModernBERT pretrains without it
-    outputs = self.encoder(x, AttentionMask(input_mask, sequence_ids), position_ids,
-                           deterministic=deterministic)
+    outputs = self.encoder(x, AttentionMask(input_mask, sequence_ids, cls_positions),
+                           position_ids, deterministic=deterministic)
     sequence_output = self.final_layer_norm(outputs[-1]).astype(cfg.compute_dtype)
     sequence_output = constrain(sequence_output, HIDDEN_AXES)
     hidden_states = (x,) + outputs[:-1] + (sequence_output,)  # the last normed, as transformers
