@@ -98,7 +98,8 @@ def test_a_packed_step_hands_cudnn_segments_and_no_dense_mask():
 @pytest.mark.skipif(not ON_GPU, reason="cuDNN runs only on an NVIDIA GPU")
 def test_on_a_gpu_packed_cudnn_equals_the_reference():
   """BERT-base's heads (12 x 64) in bfloat16 on 2 rows of 512 tokens holding 3 and 2 sequences
-  and padding: outputs and gradients at the real tokens as the dense-mask reference's."""
+  and padding: outputs and gradients at the real tokens as the dense-mask reference's, zeros at
+  the padding."""
   shape = (2, 512, 12, 64)
   q, k, v = (jax.random.normal(jax.random.key(i), shape, jnp.bfloat16) for i in range(3))
   batch = _packed([[200, 150, 100], [300, 212]], seq=512)
@@ -118,5 +119,6 @@ def test_on_a_gpu_packed_cudnn_equals_the_reference():
   (out, grads), (expected, expected_grads) = jax.jit(
       lambda: (outputs_and_grads(kernel), outputs_and_grads(reference)))()
   np.testing.assert_allclose(f32(out)[real], f32(expected)[real], atol=3e-2)
+  assert (f32(out)[~real] == 0).all()  # padding: zeros, nothing cuDNN left there
   for grad, want in zip(grads, expected_grads):
     np.testing.assert_allclose(f32(grad)[real], f32(want)[real], atol=3e-2)

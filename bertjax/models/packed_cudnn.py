@@ -67,11 +67,14 @@ def attention(query: jax.Array, key: jax.Array, value: jax.Array, mask) -> jax.A
     mask: a packed batch's `attention.AttentionMask`: sequence_ids [batch, seq], 1..k numbering
       each row's sequences, 0 at padding; cls_positions [batch, k].
   Returns:
-    [batch, seq, heads, head_dim]: the real tokens' contexts (the padding tokens' are zeros).
+    [batch, seq, heads, head_dim]: the real tokens' contexts, zeros at padding (which cuDNN
+    leaves unwritten: whatever is there must not reach a sum over the row, e.g. mean pooling).
   """
   fused = _fused_attention()
   lengths, offsets = segments(mask.sequence_ids, mask.cls_positions.shape[-1])
-  return fused.dot_product_attention(
+  out = fused.dot_product_attention(
       query, key, value, q_seqlen=lengths, kv_seqlen=lengths, q_offsets=offsets,
       kv_offsets=offsets, scale=1.0 / math.sqrt(query.shape[-1]),
       mask_type=fused.MaskType.PADDING, qkv_layout="BTNH")
+  real = (mask.sequence_ids > 0)[:, :, None, None]  # [batch, seq, 1, 1]
+  return jnp.where(real, out, jnp.zeros((), out.dtype))
