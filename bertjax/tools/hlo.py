@@ -2,7 +2,8 @@
 
 `collectives` reads the collectives of an optimized HLO module (`jit(f).lower(...).compile()
 .as_text()`: after SPMD partitioning, so it is what each device sends), each with its kind, the
-bytes of the whole tensor per device and the mesh axes its devices span. `matmuls` reads the
+bytes of the whole tensor per device (times the trips of a while loop it is in) and the mesh
+axes its devices span. `matmuls` reads the
 operand and result dtypes of every matmul of the lowered program (`jit(f).lower(...).as_text()`,
 StableHLO, before a backend changes them: XLA's CPU compiler computes a bfloat16 dot in float32).
 """
@@ -82,6 +83,8 @@ def _axes(groups: list[list[int]], mesh: Mesh) -> tuple[str, ...]:
   return tuple(name for name in mesh.axis_names if name in varying)
 
 
+_COMPUTATION = re.compile(r"^(?:ENTRY )?(%[\w.-]+) ")  # a computation's first line
+_WHILE = re.compile(r"condition=(%[\w.-]+), body=(%[\w.-]+)")
 # `%name = TYPE opcode(operands...`; TYPE is one array type or a tuple of them.
 _DEFINITION = re.compile(r"^\s*(?:ROOT )?(%[\w.-]+) = (\(.*?\)|\S+) ([\w-]+)\((.*)$")
 
@@ -93,19 +96,41 @@ def _elements(type_text: str) -> list[int]:
 
 
 class _Module:
-  """The instructions of an HLO module's text: name -> (result type, opcode, line), and the
-  users of each."""
+  """The instructions of an HLO module's text: name -> (result type, opcode, line), the users of
+  each, and the computation each is in (`runs`: how many times a step runs it)."""
 
   def __init__(self, hlo_text: str):
     self.defs, self.users = {}, collections.defaultdict(list)
+    self.computation, computation = {}, ""
     for line in hlo_text.splitlines():
+      if start := _COMPUTATION.match(line):
+        computation = start.group(1)
       match = _DEFINITION.match(line)
       if not match:
         continue
       name, result, opcode, rest = match.groups()
       self.defs[name] = (result, opcode, line)
+      self.computation[name] = computation
       for operand in set(re.findall(r"%[\w.-]+", rest.split("), ")[0])):
         self.users[operand].append(name)
+    # A while loop's body runs as many times as its condition's `i < N` allows (the TPU
+    # compiler's windowed einsums: a matmul's operand sent around a ring of collective-permutes).
+    self.trips = {}
+    for name, (_, opcode, line) in self.defs.items():
+      loop = _WHILE.search(line) if opcode == "while" else None
+      if loop:
+        bounds = [int(c) for n, (_, op, text) in self.defs.items()
+                  if self.computation[n] == loop.group(1) and op == "constant"
+                  for c in re.findall(r"constant\((\d+)\)", text)]
+        compares = [text for n, (_, op, text) in self.defs.items()
+                    if self.computation[n] == loop.group(1) and op == "compare"]
+        if len(bounds) == 1 and len(compares) == 1 and "direction=LT" in compares[0]:
+          self.trips[loop.group(2)] = (bounds[0], name)
+
+  def runs(self, name: str) -> int:
+    """Times a step runs instruction `name`: its loops' trips (1 outside any loop)."""
+    trips = self.trips.get(self.computation.get(name, ""))
+    return 1 if trips is None else trips[0] * self.runs(trips[1])
 
   def sliced(self, name: str, elements: int, ways: int, depth: int = 3) -> bool:
     """Whether every use of `name` (an array of `elements`) keeps 1/`ways` of it at most: each
@@ -126,7 +151,8 @@ class _Module:
 
 
 def collectives(hlo_text: str, mesh: Mesh) -> list[Collective]:
-  """Every collective in an optimized HLO module's text (async ones counted at their start).
+  """Every collective in an optimized HLO module's text (async ones counted at their start; one
+  in a while loop with its bytes times the loop's trips, where its condition is `i < N`).
 
   An all-reduce that XLA combined from several arrays (a tuple) gives one Collective per array
   (`summary` counts its instruction once). An all-reduce array whose every use keeps only this
@@ -151,10 +177,13 @@ def collectives(hlo_text: str, mesh: Mesh) -> list[Collective]:
     op_name = _OP_NAME.search(line)
     op_name = op_name.group(1) if op_name else ""
     arrays = _ARRAY.findall(result)
-    if started and kind != "all-reduce":  # (operands, results); an all-reduce-start's: results
+    if started and kind == "collective-permute":  # (operand, result, u32[] context...)
+      arrays = arrays[1:2]
+    elif started and kind != "all-reduce":  # (operands, results); an all-reduce-start's: results
       arrays = arrays[len(arrays) // 2:]
+    runs = module.runs(name)  # in a loop, each of its trips
     if kind != "all-reduce":
-      nbytes = sum(_array_bytes(f"{t}[{d}]") for t, d in arrays)
+      nbytes = sum(_array_bytes(f"{t}[{d}]") for t, d in arrays) * runs
       if kind == "reduce-scatter":
         nbytes *= ways
       found.append(Collective(kind, nbytes, axes, op_name, name))
@@ -172,7 +201,7 @@ def collectives(hlo_text: str, mesh: Mesh) -> list[Collective]:
       scattered = (ways > 1 and elements >= ways and i in outputs
                    and module.sliced(outputs[i], elements, ways))
       found.append(Collective("all-reduce-scatter" if scattered else "all-reduce",
-                              elements * _BYTES[dtype], axes, op_name, name))
+                              elements * _BYTES[dtype] * runs, axes, op_name, name))
   return found
 
 
