@@ -180,7 +180,8 @@ def test_a_reduce_scatter_counts_its_input_and_async_starts_their_results():
 
 def test_collectives_in_a_while_loop_count_each_trip_and_a_permute_start_its_data():
   """The TPU compiler's windowed einsum on an FSDP mesh: a ring of collective-permutes in a while
-  loop of `i < 16` trips; each trip sends its bf16[1024,8] (not the start's u32[] context)."""
+  loop of `i < 16` by steps of 2, 8 trips; each sends its bf16[1024,8] (not the start's u32[]
+  context)."""
   text = "\n".join([
       "%cond (p: (bf16[1024,8], u32[])) -> pred[] {",
       "  %constant.1 = u32[] constant(16)",
@@ -191,6 +192,10 @@ def test_collectives_in_a_while_loop_count_each_trip_and_a_permute_start_its_dat
       "  %collective-permute-start.9 = (bf16[1024,8]{0,1:T(8,128)(2,1)}, bf16[1024,8]{0,1}, "
       "u32[]{:S(2)}, u32[]{:S(2)}) collective-permute-start(%x), channel_id=3, "
       "source_target_pairs={{0,1},{1,0},{2,3},{3,2},{4,5},{5,4},{6,7},{7,6}}",
+      "  %constant.7 = u32[] constant(2)",
+      "  %i = u32[] get-tuple-element(%p), index=1",
+      "  %add.3 = u32[]{:T(128)} add(%i, %constant.7)",
+      "  ROOT %tuple.4 = (bf16[1024,8], u32[]) tuple(%x, /*index=1*/%add.3)",
       "}",
       "ENTRY %main (a: bf16[1024,8]) -> bf16[1024,8] {",
       "  %while.3 = (bf16[1024,8], u32[]) while(%t), condition=%cond, body=%body",
@@ -199,7 +204,7 @@ def test_collectives_in_a_while_loop_count_each_trip_and_a_permute_start_its_dat
       "}"])
   found = hlo.collectives(text, MESH)
   assert [(c.kind, c.nbytes, c.axes) for c in found] == [
-      ("collective-permute", 16 * 1024 * 8 * 2, ("tensor",)),
+      ("collective-permute", 8 * 1024 * 8 * 2, ("tensor",)),
       ("collective-permute", 8 * 2, ("tensor",))]
 
 

@@ -116,16 +116,37 @@ class _Module:
     # A while loop's body runs as many times as its condition's `i < N` allows (the TPU
     # compiler's windowed einsums: a matmul's operand sent around a ring of collective-permutes).
     self.trips = {}
+    inside = collections.defaultdict(list)
+    for name, where in self.computation.items():
+      inside[where].append(name)
     for name, (_, opcode, line) in self.defs.items():
       loop = _WHILE.search(line) if opcode == "while" else None
       if loop:
-        bounds = [int(c) for n, (_, op, text) in self.defs.items()
-                  if self.computation[n] == loop.group(1) and op == "constant"
-                  for c in re.findall(r"constant\((\d+)\)", text)]
-        compares = [text for n, (_, op, text) in self.defs.items()
-                    if self.computation[n] == loop.group(1) and op == "compare"]
-        if len(bounds) == 1 and len(compares) == 1 and "direction=LT" in compares[0]:
-          self.trips[loop.group(2)] = (bounds[0], name)
+        self.trips[loop.group(2)] = (self._trips(inside[loop.group(1)], inside[loop.group(2)]),
+                                     name)
+
+  def _constant(self, name: str) -> int | None:
+    value = re.search(r"constant\((\d+)\)", self.defs[name][2]) if name in self.defs else None
+    return int(value.group(1)) if value else None
+
+  def _trips(self, condition: list[str], body: list[str]) -> int:
+    """A loop's trips: its condition's `counter < N` over N / the body's `counter + step`, the
+    counter starting at 0 (a scan's, a windowed einsum's); 1 where it reads otherwise."""
+    compares = [n for n in condition if self.defs[n][1] == "compare"]
+    roots = [n for n in body if " ROOT " in f" {self.defs[n][2].lstrip()}"]
+    if len(compares) != 1 or "direction=LT" not in self.defs[compares[0]][2] or len(roots) != 1:
+      return 1
+    counter, bound = re.findall(r"%[\w.-]+", self.defs[compares[0]][2].split("compare(")[1])[:2]
+    index = re.search(r"index=(\d+)", self.defs.get(counter, ("", "", ""))[2])
+    bound = self._constant(bound)
+    if index is None or bound is None:
+      return 1
+    following = re.findall(r"%[\w.-]+", self.defs[roots[0]][2].split("tuple(", 1)[-1])
+    step = following[int(index.group(1))] if int(index.group(1)) < len(following) else ""
+    steps = [self._constant(n) for n in re.findall(r"%[\w.-]+", self.defs.get(
+        step, ("", "", "add()"))[2].split("add(", 1)[-1])]
+    step = next((s for s in steps if s), 1)
+    return -(-bound // step)
 
   def runs(self, name: str) -> int:
     """Times a step runs instruction `name`: its loops' trips (1 outside any loop)."""
