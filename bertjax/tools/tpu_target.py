@@ -4,12 +4,12 @@ compile programs for ahead of time, and the virtual environment with the libtpu 
   python -m bertjax.tools.tpu_target --venv=.tpu-venv
 
 makes that environment: a venv with bertjax installed as `pip install -e .` installs it (the
-same pins) and libtpu, the version jax's `tpu` extra names (`LIBTPU`: libtpu==0.0.42.* for jax
-0.10.2), and pytest (to run tests/test_tpu_target.py there). The main environment stays
+same pins) and libtpu, the version jax's `tpu` extra names (`libtpu_requirement`:
+libtpu==0.0.42.* for jax 0.10.2), and pytest (to run tests/test_tpu_target.py there). The main environment stays
 without libtpu. Then, in it:
 
   .tpu-venv/bin/python -m bertjax.tools.bench --compile_for=tpu:v5p-8 --memory_only ...
-  .tpu-venv/bin/python -m bertjax.tools.audit --compile_for=tpu:v5p-64 --config=... 
+  .tpu-venv/bin/python -m bertjax.tools.audit --compile_for=tpu:v5p-64 --config=...
 
 compile the train step (and the audit's eval step) with XLA's TPU compiler, on this CPU, for
 the slice's chips (`jax.experimental.topologies.get_topology_desc`: libtpu's compile-only
