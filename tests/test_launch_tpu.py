@@ -57,9 +57,9 @@ def test_setup_copies_the_working_tree_to_all_workers(tmp_path):
   commands = dry_run("setup", *COMMON, env={"TMPDIR": str(tmp_path)})
   tarball = str(tmp_path / "bertjax-bert.tar.gz")
   assert commands[0] == ["tar", "-czf", tarball, "--exclude=.git", "--exclude=.venv",
-                         "--exclude=.tpu-venv", "--exclude=.gpu", "--exclude=__pycache__", "--exclude=*.egg-info",
-                         "--exclude=.pytest_cache", "--exclude=build", "--exclude=dist",
-                         "-C", REPO, "."]
+                         "--exclude=.tpu-venv", "--exclude=.gpu", "--exclude=__pycache__",
+                         "--exclude=*.egg-info", "--exclude=.pytest_cache", "--exclude=build",
+                         "--exclude=dist", "-C", REPO, "."]
   assert commands[1] == GCLOUD_TPU + ["scp", tarball, "bert:bertjax-src.tar.gz", *WHERE,
                                       "--worker=all"]
   assert commands[2][:-1] == GCLOUD_TPU + ["ssh", "bert", *WHERE, "--worker=all"]

@@ -29,13 +29,13 @@ nothing, and prints for each:
 The batch is random, with the config's shapes (train.batch_size and eval_batch_size rows of
 data.max_seq_length tokens, data.max_predictions_per_seq predictions; with data.packing, train
 rows of data.max_sequences_per_row sequences and the prediction slots a packed row has, eval
-rows unpacked, as a run's) and a vocabulary of data.vocab_size. A contrastive config (`configs/embeddings.py`)
-audits its model (`config.init_checkpoint`, read as its run reads it) on (anchor, positive)
-rows of data.max_seq_length tokens (0: the model's length): the exchange of negatives is an
-all-gather of the embeddings ([batch, dim] per column), beside the gradient's all-reduce. On a
-CPU a program is compiled for the CPU: the collectives are those its SPMD partitioning made,
-which is the same pass on every backend, though a GPU's or TPU's compiler may later fuse or
-reorder them; `--compile_for` gives the TPU program's own.
+rows unpacked, as a run's) and a vocabulary of data.vocab_size. A contrastive config
+(`configs/embeddings.py`) audits its model (`config.init_checkpoint`, read as its run reads it)
+on (anchor, positive) rows of data.max_seq_length tokens (0: the model's length): the exchange
+of negatives is an all-gather of the embeddings ([batch, dim] per column), beside the gradient's
+all-reduce. On a CPU a program is compiled for the CPU: the collectives are those its SPMD
+partitioning made, which is the same pass on every backend, though a GPU's or TPU's compiler may
+later fuse or reorder them; `--compile_for` gives the TPU program's own.
 """
 from __future__ import annotations
 

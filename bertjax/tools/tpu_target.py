@@ -5,8 +5,8 @@ compile programs for ahead of time, and the virtual environment with the libtpu 
 
 makes that environment: a venv with bertjax installed as `pip install -e .` installs it (the
 same pins) and libtpu, the version jax's `tpu` extra names (`libtpu_requirement`:
-libtpu==0.0.42.* for jax 0.10.2), and pytest (to run tests/test_tpu_target.py there). The main environment stays
-without libtpu. Then, in it:
+libtpu==0.0.42.* for jax 0.10.2), and pytest (to run tests/test_tpu_target.py there). The main
+environment stays without libtpu. Then, in it:
 
   .tpu-venv/bin/python -m bertjax.tools.bench --compile_for=tpu:v5p-8 --memory_only ...
   .tpu-venv/bin/python -m bertjax.tools.audit --compile_for=tpu:v5p-64 --config=...
