@@ -11,7 +11,6 @@ import csv
 import hashlib
 import os
 import shutil
-import sys
 import tempfile
 
 import flax.linen as nn
@@ -34,14 +33,6 @@ _GIVEN_FLAGS = os.environ.setdefault("BERTJAX_TESTS_GIVEN_XLA_FLAGS",
 _FLAGS = os.environ.get("XLA_FLAGS", "")
 os.environ["XLA_FLAGS"] = " ".join(filter(None, [_FLAGS] + [
     f"{flag}={value}" for flag, value in _FAST_COMPILE.items() if flag not in _FLAGS]))
-
-# The session's Python processes (the xdist workers, the ~250 commands the tests start) keep the
-# bytecode they compile in __pycache__ (git-ignored), so bertjax's and the tests' sources are
-# compiled once a session, not once a process, where the environment says not to write it
-# (PYTHONDONTWRITEBYTECODE, as this project's machines set): importing bertjax.main and
-# bertjax.tasks took 2.19 CPU-s a process from source, 2.08 from bytecode.
-os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
-sys.dont_write_bytecode = False
 
 # Every program compiled in the session is kept (not only those over JAX's 1 s and 0 bytes), so
 # the next process or test that builds the same program reads it instead of compiling it.
