@@ -297,10 +297,10 @@ def _two_hosts(command, workdir):
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
-  procs = [subprocess.Popen(command + [f"--workdir={workdir}"], cwd=ROOT, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=cpu_env(2, JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
-                                        JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(i)))
+  procs = [warm_python.popen(command + [f"--workdir={workdir}"], cwd=ROOT, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             env=cpu_env(2, JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+                                         JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(i)))
            for i in range(2)]
   outs = [p.communicate(timeout=400) for p in procs]
   for p, (_, err) in zip(procs, outs):

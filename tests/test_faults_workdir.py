@@ -109,8 +109,8 @@ def first_run(data, tmp_path_factory):
   """(process, workdir) of a long run that holds its workdir: it has logged 12 steps, so the
   checkpoint of step 8 or later is committed; in the 48-token phase from step 3."""
   directory = tmp_path_factory.mktemp("lock") / "run"
-  process = subprocess.Popen(_command(directory, _flags(data, *LONG_RUN)), env=_env(), cwd=ROOT,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  process = warm_python.popen(_command(directory, _flags(data, *LONG_RUN)), env=_env(),
+                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   deadline = time.time() + 240
   while time.time() < deadline and process.poll() is None:
     if (directory / "metrics.jsonl").exists() and len(_train_steps(directory)) >= 12:
@@ -156,9 +156,9 @@ def test_a_second_run_and_a_second_job_are_refused_while_the_first_holds_the_wor
     # A two-process job: process 0 is refused and tells process 1, which exits with it.
     before = tree_digest(directory)
     env = _env(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{_free_port()}", JAX_NUM_PROCESSES="2")
-    job = [subprocess.Popen(_command(directory, _flags(data, *LONG_RUN)),
-                            env=dict(env, JAX_PROCESS_ID=str(i)), cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    job = [warm_python.popen(_command(directory, _flags(data, *LONG_RUN)),
+                             env=dict(env, JAX_PROCESS_ID=str(i)), cwd=ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
            for i in range(2)]
     try:
       outputs = [p.communicate(timeout=120) for p in job]

@@ -25,6 +25,7 @@ from flax import traverse_util
 from bertjax.modeldir import saved_params
 
 from conftest import cpu_env, write_chapters
+import warm_python
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 4
@@ -61,9 +62,9 @@ def _start(workdir, corpus, *overrides, processes=2):
   if processes > 1:
     env.update(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{_free_port()}",
                JAX_NUM_PROCESSES=str(processes))
-  return [subprocess.Popen(_command(workdir, corpus, *overrides),
-                           env=dict(env, JAX_PROCESS_ID=str(i)) if processes > 1 else env,
-                           cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  return [warm_python.popen(_command(workdir, corpus, *overrides),
+                            env=dict(env, JAX_PROCESS_ID=str(i)) if processes > 1 else env,
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
           for i in range(processes)]
 
 

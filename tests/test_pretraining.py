@@ -129,8 +129,8 @@ def test_kill_9_and_rerun_continue_bitwise_in_the_long_phase(corpus, tmp_path):
   rates = {r["step"]: r["learning_rate"] for r in _metrics(straight) if r["split"] == "train"}
   assert (rates[5], rates[6], rates[16]) == (pytest.approx(2e-3), pytest.approx(1e-3),
                                              pytest.approx(1e-3))
-  process = subprocess.Popen(_command(killed, _flags(corpus, *flags)), env=_env(), cwd=ROOT,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  process = warm_python.popen(_command(killed, _flags(corpus, *flags)), env=_env(), cwd=ROOT,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   deadline = time.time() + 240
   while time.time() < deadline and process.poll() is None:
     if (killed / "metrics.jsonl").exists() and len(_metrics(killed)) >= 12:
@@ -156,8 +156,8 @@ def test_sigterm_saves_a_checkpoint_and_the_run_resumes(sig, corpus, tmp_path):
   flags = _flags(corpus, "--config.train.num_train_steps=100000",
                  "--config.train.checkpoint_every_steps=100000",
                  "--config.train.eval_every_steps=100000")
-  process = subprocess.Popen(_command(workdir, flags), env=_env(), cwd=ROOT,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  process = warm_python.popen(_command(workdir, flags), env=_env(), cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   deadline = time.time() + 240
   while time.time() < deadline and process.poll() is None:
     if (workdir / "metrics.jsonl").exists() and len(_metrics(workdir)) >= 3:

@@ -60,3 +60,33 @@ def test_a_warm_command_past_its_timeout_is_killed(script, tmp_path):
     warm_python.run([sys.executable, script, "sleep"], env=cpu_env(1), cwd=tmp_path, timeout=2)
   out = warm_python.run([sys.executable, script], env=cpu_env(1), cwd=tmp_path)  # it goes on
   assert out.returncode == 0 and out.stdout.startswith("1 "), out.stderr
+
+
+def test_warm_processes_run_side_by_side_and_take_signals(script, tmp_path):
+  """warm_python.popen, as a job's processes are started: several at a time from one server,
+  each with its own output and exit status, a signal delivered to the command's own process,
+  and a kill seen as -SIGKILL; what a plain Popen of the same command gives."""
+  for _ in range(2):  # the second starts the server, if no test started it before
+    warm_python.run([sys.executable, script], env=cpu_env(1), cwd=tmp_path)
+  command = [sys.executable, script]
+  sleeping = warm_python.popen(command + ["sleep"], env=cpu_env(1), cwd=tmp_path,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  assert isinstance(sleeping, warm_python._WarmProcess)  # pylint: disable=protected-access
+  ends = [warm_python.popen(command + [code], env=cpu_env(1), cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+          for code in ("3", "4")]
+  plain = subprocess.run(command + ["3"], env=cpu_env(1), cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120, check=False)
+  outputs = [p.communicate(timeout=120) for p in ends]
+  assert [p.returncode for p in ends] == [3, 4]
+  assert outputs[0] == (plain.stdout, plain.stderr)
+  assert outputs[1][0] == plain.stdout.replace("'3'", "'4'")
+  assert sleeping.poll() is None
+  with pytest.raises(subprocess.TimeoutExpired):
+    sleeping.wait(timeout=0.2)
+  sleeping.kill()
+  assert sleeping.wait(timeout=60) == -9 and sleeping.poll() == -9
+  terminated = warm_python.popen(command + ["sleep"], env=cpu_env(1), cwd=tmp_path,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  terminated.terminate()
+  assert terminated.wait(timeout=60) == -15
