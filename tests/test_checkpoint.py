@@ -1,7 +1,6 @@
 """Tests of bertjax.training.checkpoint and bertjax.modeldir.saved_params on a tiny flax model +
 optax
 state (CPU, a few seconds)."""
-import subprocess
 import sys
 import textwrap
 
@@ -18,6 +17,7 @@ from bertjax.modeldir import layout, saved_params
 from bertjax.errors import UserError
 
 from conftest import cpu_env, tree_digest
+import warm_python
 
 
 class _Tiny(nn.Module):
@@ -288,7 +288,6 @@ _TWO_DEVICES = textwrap.dedent("""
 
 def test_save_sharded_restore_resharded_on_two_devices(tmp_path):
   env = cpu_env(2)
-  result = subprocess.run([sys.executable, "-c", _TWO_DEVICES, str(tmp_path / "checkpoints"),
-                           str(tmp_path / "vocab")],
-                          env=env, capture_output=True, text=True, timeout=120)
+  result = warm_python.run([sys.executable, "-c", _TWO_DEVICES, str(tmp_path / "checkpoints"),
+                            str(tmp_path / "vocab")], env=env, timeout=120)
   assert result.returncode == 0 and "OK" in result.stdout, result.stderr[-3000:]

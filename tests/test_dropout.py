@@ -2,7 +2,6 @@
 or one threefry hash for four (model.dropout_per_hash=4). (That the default draws no bits on
 another device is tests/test_audit.py's data-parallel contract; four a hash is checked here.)"""
 import dataclasses
-import subprocess
 import sys
 
 import jax
@@ -15,6 +14,7 @@ from bertjax.models import heads
 from bertjax.models.config import bert_config
 from bertjax.models.dropout import Dropout, keep_mask
 from conftest import cpu_env
+import warm_python
 
 
 def test_each_element_is_dropped_at_the_rate_independently_and_the_two_halves_alike():
@@ -116,8 +116,7 @@ def test_four_a_hash_draws_on_each_device_its_shard():
       "f = jax.jit(lambda k: keep_mask(k, (8, 16, 128), 0.1, per_hash=4),\n"
       "            out_shardings=NamedSharding(mesh, P('data')))\n"
       "print(f.lower(jax.random.key(0)).compile().as_text())\n")
-  out = subprocess.run([sys.executable, "-c", script], env=cpu_env(4), capture_output=True,
-                       text=True, timeout=300, check=True)
+  out = warm_python.run([sys.executable, "-c", script], env=cpu_env(4), timeout=300, check=True)
   assert "threefry" in out.stdout or "xor" in out.stdout  # the hash is in the program
   for collective in ("all-gather", "all-reduce", "all-to-all", "collective-permute"):
     assert collective not in out.stdout, collective

@@ -4,7 +4,6 @@ and its gradients with respect to every embedding, within 1e-5 in float32
 over it); duplicates masked out of each other's negatives, and SigLIP's sigmoid loss, against
 their formulas written out; and the loss of a batch split over 8 simulated devices, against one
 device's, with only the embeddings exchanged."""
-import subprocess
 import sys
 import textwrap
 
@@ -17,6 +16,7 @@ import torch
 from bertjax.embedding import losses
 
 from conftest import ROOT, cpu_env
+import warm_python
 
 BATCH, DIM = 6, 16
 
@@ -132,8 +132,7 @@ def test_eight_devices_give_one_devices_loss_and_exchange_only_embeddings():
                                            zip(jax.tree.leaves(one), jax.tree.leaves(eight)))),
                             collectives=collectives)))
   """)
-  out = subprocess.run([sys.executable, "-c", script], env=cpu_env(8), cwd=ROOT,
-                       capture_output=True, text=True, timeout=300, check=False)
+  out = warm_python.run([sys.executable, "-c", script], env=cpu_env(8), cwd=ROOT, timeout=300)
   assert out.returncode == 0, out.stderr[-3000:]
   import json  # pylint: disable=import-outside-toplevel
   report = json.loads(out.stdout.strip().splitlines()[-1])

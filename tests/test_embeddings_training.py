@@ -8,7 +8,6 @@ GradCache, the run equals one device's; SimCSE on the bundled corpus, hard negat
 loss, Matryoshka and prompts train; bad settings are refused in one line."""
 import json
 import os
-import subprocess
 import sys
 import textwrap
 import warnings
@@ -176,9 +175,8 @@ def test_eight_devices_and_grad_cache_equal_one_device(tmp_path, small_model):
   model = small_model
   pairs = _write_tsv(tmp_path / "pairs.tsv", _pairs(np.random.default_rng(1), 48,
                                                     GLUE_VOCAB[5:]))
-  out = subprocess.run([sys.executable, "-c", MESH_SCRIPT, model, pairs, str(tmp_path)],
-                       env=cpu_env(8), cwd=ROOT, capture_output=True, text=True, timeout=600,
-                       check=False)
+  out = warm_python.run([sys.executable, "-c", MESH_SCRIPT, model, pairs, str(tmp_path)],
+                        env=cpu_env(8), cwd=ROOT, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
   losses = json.loads(out.stdout.strip().splitlines()[-1])
   assert len(losses["one"]) == 3

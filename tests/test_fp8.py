@@ -6,7 +6,6 @@ tensor meshes of 4 simulated devices."""
 import dataclasses
 import json
 import os
-import subprocess
 import sys
 import textwrap
 
@@ -26,6 +25,7 @@ from bertjax.training import task as task_lib
 
 import test_train
 from conftest import cpu_env
+import warm_python
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 E4M3_MAX = float(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).max)  # 448: inputs and kernels
@@ -241,8 +241,7 @@ def test_a_step_on_data_fsdp_and_tensor_meshes_matches_one_device(curves):
   device's part) the second step scales by (to 3%: the output gradients' differ by a few
   bfloat16 roundings)."""
   *_, fp8_losses, _, _, first_amaxes = curves
-  out = subprocess.run([sys.executable, "-c", _MESH_SCRIPT], env=cpu_env(4),
-                       capture_output=True, text=True, timeout=300, check=False)
+  out = warm_python.run([sys.executable, "-c", _MESH_SCRIPT], env=cpu_env(4), timeout=300)
   assert out.returncode == 0, out.stderr[-3000:]
   results = [json.loads(line[len("MESH "):]) for line in out.stdout.splitlines()
              if line.startswith("MESH ")]

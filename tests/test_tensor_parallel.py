@@ -7,11 +7,11 @@ pad_vocab_to_multiple. One subprocess with 8 CPU devices.
 with one device would test XLA's partitioner, at twice the compile time.)"""
 import json
 import os
-import subprocess
 import sys
 import textwrap
 
 from conftest import cpu_env
+import warm_python
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -72,8 +72,7 @@ _SCRIPT = textwrap.dedent(f"""
 
 def test_bert_vocabulary_splits_over_tensor_parallel_devices():
   env = cpu_env(8)
-  out = subprocess.run([sys.executable, "-c", _SCRIPT], env=env, capture_output=True, text=True,
-                       timeout=300, check=False)
+  out = warm_python.run([sys.executable, "-c", _SCRIPT], env=env, timeout=300)
   assert out.returncode == 0, out.stderr[-3000:]
   result = json.loads(out.stdout.split("RESULT ", 1)[1])
   for tensor in (2, 4, 8):  # 30592 rows, each device holding its 1/tensor of them

@@ -5,7 +5,6 @@ import dataclasses
 import itertools
 import json
 import os
-import subprocess
 import sys
 import textwrap
 
@@ -25,6 +24,7 @@ from bertjax.models.config import bert_config
 from bertjax.tasks import pretraining
 
 from conftest import cpu_env
+import warm_python
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPECIAL = masking.SpecialTokens(pad=0, cls=2, sep=3, mask=4, vocab_size=64,
@@ -263,8 +263,7 @@ def test_two_devices_match_one_device():
       print("PARITY OK", results[0][1])
       """)
   env = cpu_env(2)
-  out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
-                       timeout=300, check=False)
+  out = warm_python.run([sys.executable, "-c", script], env=env, timeout=300)
   assert out.returncode == 0, out.stderr[-3000:]
   assert "PARITY OK" in out.stdout
 

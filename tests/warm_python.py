@@ -1,6 +1,6 @@
-"""`python -m MODULE ARGS` (or `python SCRIPT ARGS`) for the tests, forked from a Python that
-has already imported bertjax's library (JAX, Flax, Optax, Orbax, matplotlib ...) instead of
-started from nothing.
+"""`python -m MODULE ARGS` (or `python SCRIPT ARGS`, `python -c CODE ARGS`) for the tests, forked
+from a Python that has already imported bertjax's library (JAX, Flax, Optax, Orbax, matplotlib
+...) instead of started from nothing.
 
 The suite starts about a hundred `python -m bertjax.main` (`bertjax.data.prepare`,
 `bertjax.convert`, tests/spiking_main.py ...) processes; each spent about 2 CPU seconds
@@ -96,14 +96,20 @@ def _child(request, fds) -> int:
   signal.signal(signal.SIGINT, signal.default_int_handler)
   signal.signal(signal.SIGTERM, signal.SIG_DFL)
   program = request["program"]
-  module = program[0] == "-m"
-  sys.argv = [program[-1], *request["args"]]
-  # Where Python looks first: the working directory for -m, the script's directory otherwise.
-  sys.path[0] = request["cwd"] if module else os.path.dirname(os.path.abspath(program[-1]))
+  sys.argv = ["-c" if program[0] == "-c" else program[-1], *request["args"]]
+  # Where Python looks first: the working directory for -m, "" (it too) for -c, the script's
+  # directory otherwise.
+  sys.path[0] = {"-m": request["cwd"], "-c": ""}.get(
+      program[0], os.path.dirname(os.path.abspath(program[-1])))
   np.random.seed()  # a process of its own draws numbers of its own (`random` reseeds itself)
   try:
-    if module:
+    if program[0] == "-m":
       runpy.run_module(program[1], run_name="__main__", alter_sys=True)
+    elif program[0] == "-c":
+      sys.modules["__main__"].__dict__.clear()  # the code runs in a __main__ of its own
+      sys.modules["__main__"].__dict__.update(__name__="__main__", __doc__=None, __spec__=None,
+                                              __package__=None, __builtins__=__builtins__)
+      exec(compile(program[1], "<string>", "exec"), sys.modules["__main__"].__dict__)  # pylint: disable=exec-used
     else:
       runpy.run_path(program[0], run_name="__main__")
     return 0
@@ -276,10 +282,10 @@ def _server(env: dict[str, str]) -> _Server | None:
 
 
 def _warm(command: list[str], env: dict[str, str]) -> tuple[list[str] | None, _Server | None]:
-  """(the program, ["-m", MODULE] or [SCRIPT], the server to fork it from) where `command` is
-  [sys.executable, "-m", MODULE, ARGS...] or [sys.executable, SCRIPT.py, ARGS...] and nothing in
-  its environment or module tells a forked process from a plain one; else (None, None)."""
-  program = (command[1:3] if command[1] == "-m" else command[1:2]
+  """(the program, ["-m", MODULE], ["-c", CODE] or [SCRIPT], the server to fork it from) where
+  `command` is [sys.executable, *program, ARGS...] and nothing in its environment or module
+  tells a forked process from a plain one; else (None, None)."""
+  program = (command[1:3] if command[1] in ("-m", "-c") else command[1:2]
              if command[1].endswith(".py") else None)
   if command[0] != sys.executable or program is None or program[-1] in PLAIN_MODULES:
     return None, None
