@@ -17,6 +17,7 @@ from bertjax.errors import UserError
 from bertjax.training import distributed, preemption
 
 from conftest import cpu_env
+import warm_python
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _ADDRESS = "10.0.0.1:8476"
@@ -101,8 +102,8 @@ def test_address_alone_outside_a_cluster_is_user_error():
             "from bertjax.errors import UserError\n"
             "try:\n  distributed.maybe_initialize_distributed()\n"
             "except UserError as e:\n  print('UserError:', e)\n")
-  result = subprocess.run(
-      [sys.executable, "-c", script], cwd=_REPO, capture_output=True, text=True, timeout=60,
+  result = warm_python.run(
+      [sys.executable, "-c", script], cwd=_REPO, timeout=60,
       env=_env(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{_free_port()}"))
   assert "UserError: JAX_COORDINATOR_ADDRESS is set" in result.stdout, result.stderr[-2000:]
   assert "JAX_NUM_PROCESSES" in result.stdout and "JAX_PROCESS_ID" in result.stdout
@@ -200,7 +201,7 @@ def _run_job(workdir, phase: str, signals=(), timeout: float = 60) -> list[dict]
   try:
     for i in range(2):
       with open(logs[i], "w") as log:
-        procs.append(subprocess.Popen(
+        procs.append(warm_python.popen(
             [sys.executable, "-c", _WORKER, phase, str(workdir)], cwd=_REPO, stdout=log,
             stderr=subprocess.STDOUT,
             env=_env(JAX_COORDINATOR_ADDRESS=address, JAX_NUM_PROCESSES="2",
