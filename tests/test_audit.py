@@ -14,7 +14,9 @@ import pytest
 
 from bertjax.tools import hlo
 
+from conftest import cpu_env
 import docs_text
+import warm_python
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NUM_LAYERS = 2  # configs/tiny.py
@@ -22,12 +24,12 @@ NUM_LAYERS = 2  # configs/tiny.py
 
 def _audit(tmp_path, *mesh_flags, config="configs/tiny.py"):
   out = tmp_path / "audit.json"
-  result = subprocess.run(
+  # (JAX_PLATFORMS=cpu, which the tool sets before it imports jax, given: from the warm server)
+  result = warm_python.run(
       [sys.executable, "-m", "bertjax.tools.audit", f"--config={config}", "--devices=8",
        "--config.model.dropout_rate=0.1", "--config.model.attention_dropout_rate=0.1",
        "--config.model.dtype=bfloat16", *mesh_flags, f"--json={out}"],
-      cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True, text=True,
-      timeout=300, check=False)
+      cwd=ROOT, env=cpu_env(8), timeout=300)
   assert result.returncode == 0, result.stderr[-3000:]
   assert "train step" in result.stdout and "collective" in result.stdout
   return json.loads(out.read_text())

@@ -17,8 +17,9 @@ uncaught exception's traceback lacks runpy's two frames.
 A server serves one environment less LATE_VARIABLES (the variables read after its imports): a
 command whose environment differs elsewhere (JAX_PLATFORMS, PYTHONPATH, ...) goes to another
 server, started on that environment's second command; a command run once, a module the server
-has imported, or a command that sets import-time variables itself (PLAIN_MODULES) runs as a plain
-subprocess. A tiny pretraining run: 3.8 s forked against 5.0 s started afresh.
+has imported, or a command that sets import-time variables itself (PLAIN_MODULES, unless its
+environment holds them already) runs as a plain subprocess. A tiny pretraining run: 3.8 s forked
+against 5.0 s started afresh.
 
 `run` is subprocess.run; `popen` is subprocess.Popen, for the commands a test signals, kills or
 runs side by side as one job's processes (jax.distributed's variables are late ones): a server
@@ -60,7 +61,7 @@ LATE_VARIABLES = ("XLA_FLAGS", "PYTEST_CURRENT_TEST", "JAX_COORDINATOR_ADDRESS",
 # Python's defaults; what it computes is the same.
 GC_THRESHOLDS = (50_000, 20, 10)
 # Commands that set a variable JAX reads while it is imported (JAX_PLATFORMS) before they import
-# it: run plainly.
+# it: run plainly, unless their environment holds its value already (JAX_PLATFORMS=cpu).
 PLAIN_MODULES = ("bertjax.tools.audit",)
 
 
@@ -109,7 +110,8 @@ def _child(request, fds) -> int:
       sys.modules["__main__"].__dict__.clear()  # the code runs in a __main__ of its own
       sys.modules["__main__"].__dict__.update(__name__="__main__", __doc__=None, __spec__=None,
                                               __package__=None, __builtins__=__builtins__)
-      exec(compile(program[1], "<string>", "exec"), sys.modules["__main__"].__dict__)  # pylint: disable=exec-used
+      code = compile(program[1], "<string>", "exec")
+      exec(code, sys.modules["__main__"].__dict__)  # pylint: disable=exec-used
     else:
       runpy.run_path(program[0], run_name="__main__")
     return 0
@@ -287,7 +289,8 @@ def _warm(command: list[str], env: dict[str, str]) -> tuple[list[str] | None, _S
   tells a forked process from a plain one; else (None, None)."""
   program = (command[1:3] if command[1] in ("-m", "-c") else command[1:2]
              if command[1].endswith(".py") else None)
-  if command[0] != sys.executable or program is None or program[-1] in PLAIN_MODULES:
+  if (command[0] != sys.executable or program is None
+      or program[-1] in PLAIN_MODULES and env.get("JAX_PLATFORMS") != "cpu"):
     return None, None
   server = _server(env)
   if server is None or program[-1] in server.modules:
