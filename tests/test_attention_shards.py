@@ -20,7 +20,6 @@ import functools
 import json
 import os
 import re
-import subprocess
 import sys
 from unittest import mock
 
@@ -32,6 +31,7 @@ from bertjax.models import attention
 from bertjax.models.config import BertConfig
 
 from conftest import cpu_env
+import warm_python
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MESHES = {"data2_tensor2": (2, 1, 2), "data4": (4, 1, 1)}  # (data, fsdp, tensor)
@@ -227,8 +227,7 @@ def _main():
 @functools.cache
 def _result() -> dict:
   env = cpu_env(4)
-  out = subprocess.run([sys.executable, os.path.abspath(__file__)], env=env, capture_output=True,
-                       text=True, timeout=600, check=False)
+  out = warm_python.run([sys.executable, os.path.abspath(__file__)], env=env, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
   return json.loads(out.stdout.split("RESULT ", 1)[1])
 
