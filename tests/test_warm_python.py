@@ -93,21 +93,22 @@ def test_warm_processes_run_side_by_side_and_take_signals(script, tmp_path):
 
 
 def test_a_warm_dash_c_command_is_a_plain_one(tmp_path):
-  """`python -c CODE ARGS`: its arguments, __main__, first path entry and a traceback's frames
-  as a plain process has them."""
+  """`python -c CODE ARGS`: its arguments, __main__, first path entry, standard input and a
+  traceback's frames as a plain process has them."""
   code = textwrap.dedent("""\
       import sys
       import __main__
       print(sys.argv, __name__, repr(sys.path[0]), sorted(k for k in vars(__main__)
                                                         if not k.startswith("__")))
+      print(sys.stdin.read())
       if sys.argv[1:] == ["raise"]:
         raise ValueError("as asked")
       """)
   for args in ([], ["raise"]):
     command = [sys.executable, "-c", code, *args]
     plain = subprocess.run(command, env=cpu_env(1), cwd=tmp_path, capture_output=True, text=True,
-                           timeout=120, check=False)
+                           timeout=120, check=False, input="typed\n")
     for _ in range(2):  # the second, if no test started the server before
-      warm = warm_python.run(command, env=cpu_env(1), cwd=tmp_path, timeout=120)
+      warm = warm_python.run(command, env=cpu_env(1), cwd=tmp_path, timeout=120, input="typed\n")
     assert (warm.returncode, warm.stdout, warm.stderr) == (
         plain.returncode, plain.stdout, plain.stderr)

@@ -201,8 +201,8 @@ class _Server:
     self.replies: dict[int, dict] = {}  # request id -> {"pid": ..., "returncode": ...}
 
   def start(self, program, args, env, cwd, fds) -> tuple[int, int]:
-    """(request id, pid) of `program` (["-m", MODULE] or [SCRIPT]) started with `args`, its
-    standard streams `fds`."""
+    """(request id, pid) of `program` (["-m", MODULE], ["-c", CODE] or [SCRIPT]) started with
+    `args`, its standard streams `fds`."""
     self.requests += 1
     _send(self.sock, {"id": self.requests, "program": program, "args": list(args), "env": env,
                       "cwd": cwd}, fds)
@@ -227,23 +227,11 @@ class _Server:
         self._read(left)
       except socket.timeout:
         return None
-    return self.replies[request]["returncode"]
+    return self.replies.pop(request)["returncode"]  # (asked once: the caller keeps it)
 
   def busy(self) -> bool:
     """Whether a command it started has not been seen ending."""
     return any("returncode" not in reply for reply in self.replies.values())
-
-  def run(self, program, args, env, cwd, timeout, fds) -> int:
-    """The exit status of `program` run with `args`, its standard streams `fds`; socket.timeout
-    after `timeout` seconds, the command killed."""
-    request, pid = self.start(program, args, env, cwd, fds)
-    code = self.returncode(request, timeout)
-    if code is None:
-      os.kill(pid, signal.SIGKILL)
-      self.returncode(request)
-      raise socket.timeout
-    del self.replies[request]
-    return code
 
   def close(self):
     self.sock.close()
@@ -274,7 +262,8 @@ def _server(env: dict[str, str]) -> _Server | None:
   if key in _SERVERS:
     _SERVERS[key] = _SERVERS.pop(key)  # the last used
   elif key in _SEEN:
-    for old in [k for k in _SERVERS if not _SERVERS[k].busy()][:len(_SERVERS) - MAX_SERVERS + 1]:
+    idle = [k for k in _SERVERS if not _SERVERS[k].busy()]  # the one used longest ago first
+    for old in idle[:max(0, len(_SERVERS) + 1 - MAX_SERVERS)]:
       _SERVERS.pop(old).close()
     _SERVERS[key] = _Server(env)
   else:
@@ -306,27 +295,23 @@ def _text(data: bytes) -> str:
 def run(command: list[str], *, env=None, cwd=None, timeout=None, input=None,  # pylint: disable=redefined-builtin
         check=False) -> subprocess.CompletedProcess:
   """subprocess.run(command, capture_output=True, text=True, ...): the same result, forked from
-  a warm server where `command` is [sys.executable, "-m", MODULE, ARGS...] or [sys.executable,
-  SCRIPT.py, ARGS...] and nothing in its environment or module tells the two apart."""
+  a warm server where `_warm` finds one (a command past its timeout killed, as subprocess.run
+  does)."""
   env = dict(os.environ if env is None else env)
   cwd = os.path.abspath(cwd or os.getcwd())
   program, server = _warm(command, env)
   if server is None:
     return subprocess.run(command, env=env, cwd=cwd, timeout=timeout, input=input,
                           capture_output=True, text=True, check=check)
-  with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
-       tempfile.TemporaryFile() as stdin:
-    if input is not None:
-      stdin.write(input.encode())
-      stdin.seek(0)
-    try:
-      code = server.run(program, command[1 + len(program):], env, cwd, timeout,
-                        [stdin.fileno(), out.fileno(), err.fileno()])
-    except socket.timeout:
-      raise subprocess.TimeoutExpired(command, timeout) from None
-    out.seek(0)
-    err.seek(0)
-    result = subprocess.CompletedProcess(command, code, _text(out.read()), _text(err.read()))
+  process = _WarmProcess(command, program, server, env, cwd, subprocess.PIPE, subprocess.PIPE,
+                         True, input)
+  try:
+    out, err = process.communicate(timeout)
+  except subprocess.TimeoutExpired:
+    process.kill()
+    process.wait()
+    raise
+  result = subprocess.CompletedProcess(command, process.returncode, out, err)
   if check:
     result.check_returncode()
   return result
@@ -335,9 +320,11 @@ def run(command: list[str], *, env=None, cwd=None, timeout=None, input=None,  # 
 class _WarmProcess:
   """What subprocess.Popen gives for a command forked from a warm server: pid, returncode,
   poll, wait, communicate, send_signal, terminate and kill. An output given as PIPE goes to a
-  file, read by communicate once the command has ended."""
+  file, read by communicate once the command has ended; `input` (text) is its standard input,
+  else /dev/null."""
 
-  def __init__(self, command, program, server, env, cwd, stdout, stderr, text):
+  def __init__(self, command, program, server, env, cwd, stdout, stderr, text,
+               input=None):  # pylint: disable=redefined-builtin
     self.args, self.returncode, self._server, self._text = command, None, server, text
     self._pipes = [tempfile.TemporaryFile() if stream == subprocess.PIPE else None
                    for stream in (stdout, stderr)]
@@ -351,8 +338,13 @@ class _WarmProcess:
             stream if isinstance(stream, int) else stream.fileno())
       out = fd(stdout, 1, self._pipes[0])
       err = out if stderr == subprocess.STDOUT else fd(stderr, 2, self._pipes[1])
-      self._request, self.pid = server.start(program, command[1 + len(program):], env, cwd,
-                                             [devnull.fileno(), out, err])
+      with tempfile.TemporaryFile() as stdin:
+        if input is not None:
+          stdin.write(input.encode())
+          stdin.seek(0)
+        self._request, self.pid = server.start(
+            program, command[1 + len(program):], env, cwd,
+            [devnull.fileno() if input is None else stdin.fileno(), out, err])
 
   def poll(self) -> int | None:
     if self.returncode is None:
