@@ -42,6 +42,7 @@ embeddings on load (`tie_word_embeddings`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from typing import Any
 
@@ -85,9 +86,9 @@ def _listing(problems: list[str]) -> str:
 
 # --- the conversion -----------------------------------------------------------------------------
 
-def _shapes(model: nn.Module, ids: jax.Array) -> dict[str, tuple[int, ...]]:
+def _shapes(model: nn.Module, ids: jax.ShapeDtypeStruct) -> dict[str, tuple[int, ...]]:
   tree = jax.eval_shape(
-      lambda: model.init(jax.random.PRNGKey(0), ids, ids, ids, deterministic=True))
+      lambda i: model.init(jax.random.PRNGKey(0), i, i, i, deterministic=True), ids)
   flat = traverse_util.flatten_dict(nn.unbox(tree)["params"], sep="/")
   return {path: tuple(x.shape) for path, x in flat.items()}
 
@@ -97,14 +98,21 @@ def expected_shapes(config: BertConfig, task: str | None = None,
   """{path: shape} of every parameter of bertjax's BertForPreTraining (ModernBERT's without NSP),
   plus those of the head of `task` (a key of the config's table's task_heads) with `num_labels`
   when given (no arrays built). The vocabulary-axis parameters (saved_params.VOCAB_ROW_PARAMS)
-  have padded_vocab_size rows."""
+  have padded_vocab_size rows. A new dict each call; the model is traced once per process for
+  each (config, task, num_labels)."""
+  return dict(_expected_shapes(config, task, num_labels))
+
+
+@functools.lru_cache(maxsize=64)
+def _expected_shapes(config: BertConfig, task: str | None,
+                     num_labels: int) -> tuple[tuple[str, tuple[int, ...]], ...]:
   table = hf_rules.table_of(config)
-  shapes = _shapes(table.pretraining(config), jnp.zeros((1, 2), jnp.int32))
+  shapes = _shapes(table.pretraining(config), jax.ShapeDtypeStruct((1, 2), jnp.int32))
   if task:
     head = table.task_heads[task]
-    ids = jnp.zeros((1, 2, 2) if head.choices else (1, 2), jnp.int32)
+    ids = jax.ShapeDtypeStruct((1, 2, 2) if head.choices else (1, 2), jnp.int32)
     shapes.update(_shapes(head.model(config, num_labels), ids))
-  return shapes
+  return tuple(shapes.items())
 
 
 def _hf_shape(path: str, shape: tuple[int, ...], config: BertConfig) -> tuple[int, ...]:
@@ -401,7 +409,7 @@ def load_bertjax_checkpoint(directory: str) -> tuple[dict[str, Any], BertConfig]
       task, num_labels = name, kernel[-1]
   shapes = expected_shapes(config, task, num_labels)
   target = traverse_util.unflatten_dict(
-      {p: jnp.zeros(s, config.storage_dtype) for p, s in shapes.items()}, sep="/")
+      {p: jax.ShapeDtypeStruct(s, config.storage_dtype) for p, s in shapes.items()}, sep="/")
   params, report = saved_params.load_params(directory, target, vocab_size=config.vocab_size)
   flat = traverse_util.flatten_dict(params, sep="/")
   missing = set(report.missing)
