@@ -31,8 +31,10 @@ def _torch(model, ids, mask, **kwargs):
 
 
 def _apply(model, params, ids, mask, **packing):
-  return model.apply({"params": params}, ids, np.zeros_like(ids), mask, **packing,
-                     deterministic=True)
+  """The model's outputs, compiled as one program (as a run computes them), not op by op."""
+  return jax.jit(lambda params, ids, mask, packing: model.apply(
+      {"params": params}, ids, jnp.zeros_like(ids), mask, **packing, deterministic=True))(
+          params, ids, mask, packing)
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +51,9 @@ def test_encoder_hidden_states(attention, batch):
   ids, mask = batch
   theirs = _torch(model, ids, mask, output_hidden_states=True)
   config = dataclasses.replace(config, attention=attention)
-  ours = heads.make_encoder(config, use_pooler=False).apply(
-      {"params": params["bert"]}, ids, None, mask, deterministic=True, output_hidden_states=True)
+  ours = jax.jit(lambda p, ids, mask: heads.make_encoder(config, use_pooler=False).apply(
+      {"params": p}, ids, None, mask, deterministic=True, output_hidden_states=True))(
+          params["bert"], ids, mask)
   real = mask.astype(bool)
   # transformers: the embeddings, each layer's output but the last, then the final norm's
   for i, (a, b) in enumerate(zip(ours.hidden_states[:-1], theirs.hidden_states[:-1])):
@@ -141,7 +144,7 @@ def test_masked_lm_gradients_equal_torch_autograd(batch):
     out, _ = bj.apply({"params": p}, ids, np.zeros_like(ids), mask, deterministic=True)
     return (out[..., :VOCAB] * weights).sum()
 
-  grads = jax.grad(loss)(jax.tree.map(jnp.asarray, params))
+  grads = jax.jit(jax.grad(loss))(params)
   ours, theirs = (traverse_util.flatten_dict(t, sep="/") for t in (grads, expected))
   assert sorted(ours) == sorted(theirs)
   worst = 0.0
