@@ -24,10 +24,12 @@ import pytest
 # and those it starts, which inherit the environment): most tests run tiny models, so compiling
 # is most of their time. Without LLVM's optimizations, with the elemental emitters instead of the
 # MLIR fusion emitters (half the compile time of a tiny train step: 1.25 s against 0.66 s), and in
-# one piece (the other worker has the other core). The code computes the same functions. A flag
-# the environment already sets keeps its value.
+# one piece (the other worker has the other core), and without the HLO verifier that XLA runs
+# after its passes to check its own work (a tenth of a tiny train step's compile). The code
+# computes the same functions. A flag the environment already sets keeps its value.
 _FAST_COMPILE = {"--xla_backend_optimization_level": "0", "--xla_cpu_use_fusion_emitters": "false",
-                 "--xla_cpu_parallel_codegen_split_count": "1"}
+                 "--xla_cpu_parallel_codegen_split_count": "1",
+                 "--xla_disable_hlo_passes": "hlo-verifier"}
 # (the flags as the session was started with them, kept for the processes that xdist starts;
 # a process that imports this module keeps the flags it was started with, its device count too)
 _GIVEN_FLAGS = os.environ.setdefault("BERTJAX_TESTS_GIVEN_XLA_FLAGS",
@@ -35,6 +37,16 @@ _GIVEN_FLAGS = os.environ.setdefault("BERTJAX_TESTS_GIVEN_XLA_FLAGS",
 _FLAGS = os.environ.get("XLA_FLAGS", "")
 os.environ["XLA_FLAGS"] = " ".join(filter(None, [_FLAGS] + [
     f"{flag}={value}" for flag, value in _FAST_COMPILE.items() if flag not in _FLAGS]))
+
+# glibc's malloc backs large blocks with transparent huge pages (2 MiB) in this process's
+# children. XLA's CPU runtime allocates each execution's temporary buffer afresh (254 MiB for a
+# step of command 1's tiny BERT), and glibc maps it and unmaps it again every time: with 4 KiB
+# pages each step took some 60,000 page faults, a sixth of a tiny pretraining run's CPU seconds
+# (50 steps of command 1's model: 3.5 million faults, 9 s of 48 in the kernel; with huge pages
+# 0.17 million, 4 s of 42). Only where memory comes from changes; a setting given is kept.
+if "glibc.malloc.hugetlb" not in os.environ.get("GLIBC_TUNABLES", ""):
+  os.environ["GLIBC_TUNABLES"] = ":".join(filter(None, [os.environ.get("GLIBC_TUNABLES"),
+                                                        "glibc.malloc.hugetlb=1"]))
 
 # Every program compiled in the session is kept (not only those over JAX's 1 s and 0 bytes), so
 # the next process or test that builds the same program reads it instead of compiling it.
