@@ -1,6 +1,6 @@
 """Fixtures shared by several test modules: a random BERT directory, a tiny TFDS text dataset,
-GLUE-format files; one XLA compilation cache for the whole session; the workers' order of
-modules and their garbage collector's settings.
+GLUE-format files; the session's XLA flags (quick compiles), glibc setting (huge pages) and one
+XLA compilation cache; the workers' order of modules and their garbage collector's settings.
 
 Many tests run the same tiny models, in this process and in the `python -m bertjax.main`
 processes they start (which inherit the environment), so the session shares JAX's persistent
